@@ -1,0 +1,199 @@
+"""The ClusterParser contract and the plain job description it produces."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import hostlist
+
+
+class ClusterConfigError(ValueError):
+    """A user-fixable problem with the job environment or the options.
+
+    The message names the variable and its value; ``hint`` says how to fix it.
+    """
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} HINT: {self.hint}"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the scheduler says about the job, as seen from one task.
+
+    ``node_gpus[i]`` lists the GPU ids of ``nodes[i]`` as that node sees them. Schedulers
+    that only describe the local node report the local list for every node.
+    """
+
+    scheduler: str
+    job_id: str
+    nodes: tuple[str, ...]
+    tasks_per_node: tuple[int, ...]
+    rank: int = 0
+    local_rank: int = 0
+    node_index: int = 0
+    node_gpus: tuple[tuple[str, ...], ...] = field(default=())
+    #: Where ``tasks_per_node`` came from, for error messages, e.g. "SLURM_STEP_TASKS_PER_NODE='2(x3)'".
+    tasks_source: str = ""
+    #: False when ``tasks_per_node`` counts allocated slots and no task launcher (srun,
+    #: mpirun, jsrun, pbsdsh) said how many tasks it started, e.g. in a PBS job script.
+    tasks_launched: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.node_gpus:
+            object.__setattr__(self, "node_gpus", tuple(() for _ in self.nodes))
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def num_tasks(self) -> int:
+        return sum(self.tasks_per_node)
+
+    @property
+    def node(self) -> str:
+        """The node this task runs on."""
+        return self.nodes[self.node_index]
+
+    @property
+    def gpus(self) -> tuple[str, ...]:
+        """GPU ids visible on this task's node."""
+        return self.node_gpus[self.node_index]
+
+
+class ClusterParser(ABC):
+    """Reads one scheduler's environment into a :class:`JobInfo`.
+
+    Subclasses keep the environment-variable names they read as class data, so the
+    mapping to the scheduler's documentation is visible in one place.
+    """
+
+    #: Registry name, also accepted by ``KERAS_DISTRIB_SCHEDULER``.
+    name: str = ""
+    #: Variables whose presence means "this scheduler launched us".
+    detect_vars: tuple[str, ...] = ()
+    #: How to start one agent task per node under this scheduler (shown in HINTs).
+    agent_launch_hint: str = "start one keras_distrib agent per node."
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.env: Mapping[str, str] = os.environ if environ is None else environ
+
+    def is_present(self) -> bool:
+        """True when this scheduler's variables are in the environment."""
+        return any(v in self.env for v in self.detect_vars)
+
+    @abstractmethod
+    def parse(self) -> JobInfo:
+        """Describe the job; raise ClusterConfigError on malformed input."""
+
+    # Helpers shared by parsers -------------------------------------------------
+
+    def require(self, *names: str, hint: str) -> tuple[str, str]:
+        """Return ``(name, value)`` of the first of ``names`` that is set."""
+        for name in names:
+            value = self.env.get(name)
+            if value:
+                return name, value
+        raise ClusterConfigError(
+            f"{' / '.join(names)} is not set (scheduler {self.name}).", hint
+        )
+
+    def int_var(self, name: str, default: int | None = None) -> int:
+        """Read an integer variable, with an error naming it when malformed."""
+        raw = self.env.get(name)
+        if raw is None or raw == "":
+            if default is None:
+                raise ClusterConfigError(
+                    f"{name} is not set (scheduler {self.name}).",
+                    f"run inside a {self.name} job, or set {name}.",
+                )
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ClusterConfigError(
+                f"{name}={raw!r} is not an integer.",
+                f"{name} is set by {self.name}; unset it or give a whole number.",
+            ) from None
+
+
+def expand_hosts(var: str, value: str) -> list[str]:
+    """Expand a hostlist such as ``r[1-2]n[01-02]`` in the scheduler's order."""
+    try:
+        hosts = hostlist.expand_hostlist(value, sort=False)
+    except hostlist.BadHostlist as exc:
+        raise ClusterConfigError(
+            f"{var}={value!r} is not a valid hostlist ({exc}).",
+            "use Slurm's syntax, e.g. n[01-04],gpu[1,3]; ranges must ascend.",
+        ) from None
+    if not hosts:
+        raise ClusterConfigError(f"{var}={value!r} names no host.", f"set {var} to the job's nodes.")
+    return hosts
+
+
+def expand_tasks_per_node(var: str, value: str, num_nodes: int, nodes_var: str) -> list[int]:
+    """Expand Slurm's compressed ``2(x3),1`` into one count per node."""
+    try:
+        counts = hostlist.parse_slurm_tasks_per_node(value)
+    except (hostlist.BadHostlist, ValueError) as exc:
+        raise ClusterConfigError(
+            f"{var}={value!r} is malformed ({exc}).", "expected a list like 2(x3),1."
+        ) from None
+    if len(counts) != num_nodes:
+        raise ClusterConfigError(
+            f"{var}={value!r} describes {len(counts)} node(s) but {nodes_var} has {num_nodes}.",
+            f"{var} and {nodes_var} must come from the same job or step; unset stale copies.",
+        )
+    if any(c < 1 for c in counts):
+        raise ClusterConfigError(f"{var}={value!r} has a node with no task.", "each node needs >= 1 task.")
+    return counts
+
+
+def split_gpu_ids(var: str, value: str) -> tuple[str, ...]:
+    """Split ``2,3`` into ids kept exactly as given (never renumbered)."""
+    value = value.strip()
+    if value in ("", "NoDevFiles"):
+        return ()
+    ids = tuple(part.strip() for part in value.split(","))
+    if any(not i for i in ids):
+        raise ClusterConfigError(f"{var}={value!r} has an empty GPU id.", "expected ids like 0,1 or 2,3.")
+    return ids
+
+
+def mpi_rank(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(global rank, local rank) from an MPI launcher, when one set them."""
+    for rank_var, local_var in MPI_RANK_VARS:
+        if env.get(rank_var, "").isdigit():
+            local = env.get(local_var, "0") if local_var else "0"
+            return int(env[rank_var]), int(local) if local.isdigit() else 0
+    return None
+
+
+#: (global rank, local rank) variable pairs, Open MPI first since it also sets PMIX_RANK.
+MPI_RANK_VARS: tuple[tuple[str, str], ...] = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("PMIX_RANK", "MPI_LOCALRANKID"),
+    ("PMI_RANK", "MPI_LOCALRANKID"),
+)
+
+
+def node_of_rank(rank: int, tasks_per_node: tuple[int, ...] | list[int]) -> tuple[int, int]:
+    """(node index, local rank) of a global rank under block distribution."""
+    start = 0
+    for index, count in enumerate(tasks_per_node):
+        if rank < start + count:
+            return index, rank - start
+        start += count
+    raise ClusterConfigError(
+        f"rank {rank} is outside the job's {start} task(s).",
+        "the rank variables and the host list come from different jobs.",
+    )

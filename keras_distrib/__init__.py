@@ -1,0 +1,34 @@
+"""keras-distrib: distributed Keras/TensorFlow training on HPC clusters.
+
+Importing this package is cheap and TensorFlow-free; the TensorFlow-backed helpers
+(``strategy``, ``fit``, ``data``) import it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "cluster": ("keras_distrib.strategies", "cluster"),
+    "strategy": ("keras_distrib.strategies", "strategy"),
+    "fit": ("keras_distrib.trainers", "fit"),
+    "evaluate": ("keras_distrib.trainers", "evaluate"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    if name == "data":
+        import importlib
+
+        return importlib.import_module("keras_distrib.data")
+    raise AttributeError(f"module 'keras_distrib' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "cluster", "strategy", "fit", "evaluate", "data"]

@@ -1,0 +1,107 @@
+"""Command line shared by ``python -m keras_distrib[.slurm|.pbs|.sge|.lsf|.local]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from cluster_parsers import ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
+
+from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
+from .plan import Plan, build_plan, tasks_mode
+
+PROG_ERROR_PREFIX = "keras_distrib: error:"
+
+
+def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
+    """Flags common to every entry point; ``local`` adds --nodes/--gpus-per-node."""
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Plan and launch distributed Keras/TensorFlow training on the job's nodes.",
+        epilog="With no SCRIPT, runs the cluster check. Options may also come from --config FILE (YAML).",
+    )
+    p.add_argument("--plan", action="store_true", help="print the plan and exit (imports no TensorFlow)")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="--plan output format")
+    p.add_argument("--check", action="store_true", help="start the servers and check every task answers")
+    p.add_argument("--config", metavar="FILE", help="YAML file setting any option below")
+    p.add_argument("--layout", choices=LAYOUTS, default=None, help="process layout (default ps-per-node)")
+    p.add_argument("--port-base", type=int, default=None, help=f"first port (default derived from the job id; env {PORT_BASE_VAR})")
+    p.add_argument("--protocol", default=None, help="TF server protocol (default grpc)")
+    p.add_argument("--interface", default=None, help="network interface whose IPv4 address peers use, e.g. ib0")
+    p.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for all peers (default 180)")
+    p.add_argument("--shutdown-grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL at the end (default 3)")
+    if local:
+        p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
+        p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
+    p.add_argument("script", nargs="?", metavar="SCRIPT", help="training script run by the chief (or every allreduce worker)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT")
+    return p
+
+
+def resolve_options(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> Options:
+    """Defaults < --config file < KERAS_DISTRIB_PORT_BASE < command-line flags."""
+    options = Options()
+    if args.config:
+        options = options.merged(load_config(args.config))
+    env_port = environ.get(PORT_BASE_VAR)
+    if env_port:
+        try:
+            options = options.merged({"port_base": int(env_port)})
+        except ValueError:
+            raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
+    flags = {k: getattr(args, k) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace")}
+    return validate(options.merged(flags))
+
+
+def local_job(nodes: int, gpus_per_node: str, job_id: str) -> JobInfo:
+    """N emulated nodes on this machine."""
+    if nodes < 1:
+        raise ClusterConfigError(f"--nodes={nodes} must be at least 1.", "e.g. --nodes 2.")
+    gpus = tuple(g for g in gpus_per_node.split(",") if g)
+    names = tuple(f"local{i}" for i in range(nodes))
+    return JobInfo("local", job_id, names, (1,) * nodes, node_gpus=tuple(gpus for _ in names))
+
+
+def format_table(plan: Plan) -> str:
+    """The human-readable plan."""
+    rows = [("NODE", "JOB", "INDEX", "ADDRESS", "GPUS")]
+    rows += [(p.node, p.job, str(p.index), p.address, ",".join(p.gpus) or "-") for p in plan.processes]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    head = (f"{plan.scheduler} job {plan.job_id}: layout {plan.layout}, {len(plan.nodes)} node(s), "
+            f"{len(plan.processes)} process(es), protocol {plan.protocol}")
+    return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows])
+
+
+def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: bool = False) -> int:
+    """Parse, validate, then print the plan or launch it. Returns the exit code."""
+    args = arg_parser(prog, local).parse_args(argv)
+    env = os.environ
+    try:
+        options = resolve_options(args, env)
+        if local:
+            parser: ClusterParser | None = None
+            job = local_job(args.nodes, args.gpus_per_node, str(os.getpid()))
+            hosts = {n: "127.0.0.1" for n in job.nodes}
+        else:
+            parser = get_parser(scheduler, env) if scheduler else detect(env)
+            job = parser.parse()
+            hosts = None
+        plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts)
+        mode = tasks_mode(job, plan, parser.agent_launch_hint if parser else "use --nodes.")
+        if args.plan:
+            print(json.dumps(plan.to_json()) if args.format == "json" else format_table(plan))
+            return 0
+        from .agent import launch  # TensorFlow-free, but only needed past this point
+
+        return launch(job, plan, options, mode, args.script, args.script_args, check=args.check or not args.script, local=local)
+    except ClusterConfigError as exc:
+        print(f"{PROG_ERROR_PREFIX} {exc}", file=sys.stderr)
+        return 2
+
+
+def main(scheduler: str | None = None, prog: str = "python -m keras_distrib", local: bool = False) -> None:
+    """Console entry point."""
+    sys.exit(run(None, scheduler, prog, local))

@@ -1,0 +1,207 @@
+"""The job plan: which TensorFlow process runs where, on which port, with which GPUs.
+
+Pure and deterministic: every task of a job computes the same plan from the same job
+description, without talking to the others. Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cluster_parsers import ClusterConfigError, JobInfo
+
+# Derived ports live below Linux's ephemeral range (32768-60999) so outgoing
+# connections of other programs cannot take them first.
+PORT_RANGE_START = 20000
+PORT_BLOCK = 20          # ports reserved per job and host
+PORT_BLOCKS = 500        # 20000 .. 29999
+MIN_PORT, MAX_PORT = 1024, 65535
+
+CHIEF, PS, WORKER = "chief", "ps", "worker"
+
+
+@dataclass(frozen=True)
+class Process:
+    """One TensorFlow task of the plan."""
+
+    node: str
+    node_index: int
+    job: str
+    index: int
+    host: str
+    port: int
+    gpus: tuple[str, ...]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}:{self.index}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole job: its processes and the ClusterSpec they form."""
+
+    scheduler: str
+    job_id: str
+    nodes: tuple[str, ...]
+    layout: str
+    protocol: str
+    processes: tuple[Process, ...]
+
+    def cluster_spec(self) -> dict[str, list[str]]:
+        spec: dict[str, list[str]] = {}
+        for proc in sorted(self.processes, key=lambda p: (_JOB_ORDER[p.job], p.index)):
+            spec.setdefault(proc.job, []).append(proc.address)
+        return spec
+
+    def tf_config(self, proc: Process) -> dict[str, Any]:
+        return {"cluster": self.cluster_spec(), "task": {"type": proc.job, "index": proc.index}}
+
+    def on_node(self, node_index: int) -> list[Process]:
+        return [p for p in self.processes if p.node_index == node_index]
+
+    def find(self, job: str, index: int) -> Process:
+        for proc in self.processes:
+            if proc.job == job and proc.index == index:
+                return proc
+        raise KeyError(f"{job}:{index}")
+
+    @property
+    def script_runners(self) -> list[Process]:
+        """The processes that run the user's script (the chief, or every allreduce worker)."""
+        return [p for p in self.processes if p.job == CHIEF or self.layout == "allreduce"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scheduler": self.scheduler,
+            "job_id": self.job_id,
+            "nodes": list(self.nodes),
+            "layout": self.layout,
+            "protocol": self.protocol,
+            "cluster": self.cluster_spec(),
+            "processes": [
+                {"node": p.node, "job": p.job, "index": p.index, "address": p.address, "gpus": list(p.gpus)}
+                for p in self.processes
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+        nodes = tuple(data["nodes"])
+        procs = []
+        for p in data["processes"]:
+            host, port = p["address"].rsplit(":", 1)
+            procs.append(Process(p["node"], nodes.index(p["node"]), p["job"], p["index"], host, int(port), tuple(p["gpus"])))
+        return cls(data["scheduler"], data["job_id"], nodes, data["layout"], data.get("protocol", "grpc"), tuple(procs))
+
+
+_JOB_ORDER = {CHIEF: 0, PS: 1, WORKER: 2}
+
+
+def node_roles(layout: str, node_index: int, gpus: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """The (job, GPUs) of each process on one node, in start order: the rank->role rule."""
+    chief = [(CHIEF, ())] if node_index == 0 and layout != "allreduce" else []
+    if layout == "ps-per-node":
+        return chief + [(PS, ()), (WORKER, tuple(gpus))]
+    if layout == "worker-per-gpu":
+        workers = [(WORKER, (g,)) for g in gpus] or [(WORKER, ())]
+        return chief + [(PS, ())] + workers
+    if layout == "allreduce":
+        return [(WORKER, tuple(gpus))]
+    raise ClusterConfigError(f"layout={layout!r} is unknown.", "use ps-per-node, worker-per-gpu or allreduce.")
+
+
+def derive_port_base(job_id: str, override: int | None = None) -> int:
+    """The first port of this job's block; all nodes agree because they share the job id."""
+    if override is not None:
+        if not MIN_PORT <= override <= MAX_PORT:
+            raise ClusterConfigError(
+                f"port base {override} is outside {MIN_PORT}-{MAX_PORT}.",
+                f"pass --port-base (or KERAS_DISTRIB_PORT_BASE) between {MIN_PORT} and {MAX_PORT}.",
+            )
+        return override
+    number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
+    return PORT_RANGE_START + (number % PORT_BLOCKS) * PORT_BLOCK
+
+
+def build_plan(
+    job: JobInfo,
+    layout: str = "ps-per-node",
+    port_base: int | None = None,
+    protocol: str = "grpc",
+    hosts: Mapping[str, str] | None = None,
+) -> Plan:
+    """Plan every process of the job.
+
+    ``hosts`` maps a node name to the address others use to reach it (an interface IP,
+    or ``localhost`` in local mode); by default the node name itself.
+    """
+    base = derive_port_base(job.job_id, port_base)
+    _check_equal_gpus(job, layout)
+    next_slot: dict[str, int] = {}
+    counters = {CHIEF: 0, PS: 0, WORKER: 0}
+    processes = []
+    for node_index, node in enumerate(job.nodes):
+        host = (hosts or {}).get(node, node)
+        for role, gpus in node_roles(layout, node_index, job.node_gpus[node_index]):
+            slot = next_slot.get(host, 0)
+            next_slot[host] = slot + 1
+            port = base + slot
+            if port > MAX_PORT:
+                raise ClusterConfigError(
+                    f"port base {base} leaves no port for {role}:{counters[role]} on {host} "
+                    f"(needs {base}+{slot} > {MAX_PORT}).",
+                    f"pass a lower --port-base (or KERAS_DISTRIB_PORT_BASE), e.g. {PORT_RANGE_START}.",
+                )
+            processes.append(Process(node, node_index, role, counters[role], host, port, gpus))
+            counters[role] += 1
+    return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes))
+
+
+def _check_equal_gpus(job: JobInfo, layout: str) -> None:
+    """TensorFlow needs the same number of GPUs per worker in these layouts."""
+    if layout == "worker-per-gpu":
+        return
+    counts = {node: len(g) for node, g in zip(job.nodes, job.node_gpus)}
+    if len(set(counts.values())) > 1:
+        detail = ", ".join(f"{node}={n}" for node, n in counts.items())
+        raise ClusterConfigError(
+            f"GPU counts differ between nodes ({detail}); layout {layout} needs equal GPUs per worker.",
+            "request the same GPUs on every node (e.g. --gpus-per-node=N) or use --layout worker-per-gpu.",
+        )
+
+
+def tasks_mode(job: JobInfo, plan: Plan, hint: str) -> str:
+    """'agent' (one task per node starts all its processes) or 'per-role' (one task per process).
+
+    Raises when the scheduler started a task count that matches neither; ``hint`` is the
+    scheduler's way to start one task per node.
+    """
+    wanted = [0] * len(job.nodes)
+    for proc in plan.processes:
+        wanted[proc.node_index] += 1
+    if not job.tasks_launched or all(t == 1 for t in job.tasks_per_node):
+        return "agent"
+    if list(job.tasks_per_node) == wanted:
+        return "per-role"
+    tasks = job.tasks_per_node
+    first_extra = next(i for i, t in enumerate(tasks) if t != 1)
+    node = next((i for i, t in enumerate(tasks) if t not in (1, wanted[i])), first_extra)
+    source = job.tasks_source or "tasks per node"
+    raise ClusterConfigError(
+        f"{source} starts {tasks[node]} task(s) on {job.nodes[node]}, but layout "
+        f"{plan.layout} runs {wanted[node]} process(es) there, all started by one agent per node.",
+        hint,
+    )
+
+
+def process_for_task(job: JobInfo, plan: Plan) -> Process:
+    """In per-role mode, the process this task runs: the node's processes in local-rank order."""
+    return plan.on_node(job.node_index)[job.local_rank]
