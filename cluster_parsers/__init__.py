@@ -3,7 +3,7 @@
 Pure Python: importing this package never imports TensorFlow.
 """
 
-from .base import ClusterConfigError, ClusterParser, JobInfo
+from .base import ClusterConfigError, ClusterParser, JobInfo, node_of_rank
 from .lsf import LsfParser
 from .pbs import PbsParser
 from .registry import (
@@ -34,5 +34,6 @@ __all__ = [
     "all_parsers",
     "detect",
     "get_parser",
+    "node_of_rank",
     "parse_job",
 ]

@@ -73,6 +73,9 @@ class SlurmParser(ClusterParser):
             local_rank=local_rank,
             node_index=node_index,
             tasks_source=f"{tasks_var}={raw_tasks!r}" if raw_tasks else "",
+            # Outside a step (an sbatch/salloc shell) the job variables count allocated
+            # slots; no srun has started tasks yet.
+            tasks_launched=nodes_var == self.step_vars[0],
             node_gpus=tuple(gpus for _ in nodes),
         )
 

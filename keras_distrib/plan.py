@@ -73,6 +73,16 @@ class Plan:
                 return proc
         raise KeyError(f"{job}:{index}")
 
+    def control_port(self) -> int:
+        """The agents' control port: one past the highest plan port on the first node's host."""
+        first_host = self.processes[0].host
+        port = max(p.port for p in self.processes if p.host == first_host) + 1
+        if port > MAX_PORT:
+            raise ClusterConfigError(
+                f"the agents' control port {port} is above {MAX_PORT}.", "pass a lower --port-base."
+            )
+        return port
+
     @property
     def script_runners(self) -> list[Process]:
         """The processes that run the user's script (the chief, or every allreduce worker)."""

@@ -1,0 +1,347 @@
+"""The per-node agent: starts this node's processes of the plan and sees the job to its end.
+
+One agent runs per node (or per task in per-role mode, or one for everything in local
+mode). Agent 0 runs on the chief's node; the others connect to it over the control
+channel (keras_distrib.control). The rules:
+
+* start-up: agent 0 waits for every agent, then for every TF server to listen, then starts
+  the script; whatever is missing after --startup-timeout is named in one line;
+* normal end: when the script ends (the chief, or all allreduce workers), every process on
+  every node is stopped and agent 0 exits with the script's exit code;
+* failure: any process dying unexpectedly stops the whole job with one line naming it;
+* signals: SIGINT/SIGTERM/SIGUSR1 are forwarded to the children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
+
+from . import control
+from .children import Child, child_env, describe_exit, shell_exit_code, spawn
+from .network import interface_ipv4, wait_reachable
+from .options import Options
+from .plan import CHIEF, Plan, Process, build_plan, process_for_task
+from .servers import PROTOCOL_VAR, require_protocol
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# How long an agent with no script waits for agent 0's stop order after SIGTERM/SIGINT.
+ORPHAN_STOP_WAIT = 30.0
+
+
+def say(node: str, text: str) -> None:
+    """One agent line on stderr, in the same prefixed style as the children's output."""
+    sys.stderr.write(f"[{node} agent] keras_distrib: {text}\n")
+    sys.stderr.flush()
+
+
+@dataclass
+class AgentSpec:
+    """Who this agent is within the job."""
+
+    agent_id: int
+    num_agents: int
+    node: str
+    agent_nodes: dict[int, str]
+    local: bool = False
+
+
+def agent_spec(job: JobInfo, mode: str, local: bool) -> AgentSpec:
+    """Agent identity: node index in agent mode, global rank in per-role mode."""
+    if local:
+        return AgentSpec(0, 1, job.nodes[0], {0: job.nodes[0]}, local=True)
+    if mode == "per-role":
+        names = {r: job.nodes[node_of_rank(r, job.tasks_per_node)[0]] for r in range(job.num_tasks)}
+        return AgentSpec(job.rank, job.num_tasks, job.node, names)
+    return AgentSpec(job.node_index, job.num_nodes, job.node, dict(enumerate(job.nodes)))
+
+
+@dataclass
+class Agent:
+    """Runs one agent's share of the plan; ``run()`` returns the agent's exit code."""
+
+    spec: AgentSpec
+    job: JobInfo
+    plan: Plan
+    options: Options
+    mode: str
+    script_argv: list[str]
+    check: bool
+    events: queue.Queue[tuple[Any, ...]] = field(default_factory=queue.Queue)
+    children: list[Child] = field(default_factory=list)
+    stopping: bool = False
+    interrupted: int | None = None
+    done_agents: set[int] = field(default_factory=set)
+    server: control.ControlServer | None = None
+    client: control.ControlClient | None = None
+
+    # -- start-up ---------------------------------------------------------------
+
+    def my_processes(self) -> list[Process]:
+        if self.spec.local:
+            mine = list(self.plan.processes)
+        elif self.mode == "per-role":
+            mine = [process_for_task(self.job, self.plan)]
+        else:
+            mine = self.plan.on_node(self.job.node_index)
+        if self.check and self.spec.agent_id == 0 and not any(p.job == CHIEF for p in self.plan.processes):
+            # allreduce has no chief: the check runs as an extra client on the first node.
+            first = self.plan.processes[0]
+            mine.append(Process(first.node, 0, CHIEF, 0, first.host, self.plan.control_port() + 1, ()))
+        return mine
+
+    def runs_script(self, proc: Process) -> bool:
+        if self.check:
+            return proc.job == CHIEF
+        return proc in self.plan.script_runners
+
+    def argv_for(self, proc: Process) -> list[str]:
+        if self.runs_script(proc):
+            return [sys.executable, "-m", "keras_distrib.check"] if self.check else self.script_argv
+        return [sys.executable, "-m", "keras_distrib.servers"]
+
+    def start(self, procs: list[Process]) -> None:
+        plan_json = json.dumps(self.plan.to_json())
+        for proc in procs:
+            env = child_env(os.environ, plan_json, json.dumps(self.plan.tf_config(proc)), proc, self.plan.layout)
+            env[PROTOCOL_VAR] = self.plan.protocol
+            self.children.append(
+                spawn(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit)
+            )
+
+    def _on_exit(self, child: Child, code: int) -> None:
+        self.events.put(("exit", child, code))
+
+    def form_job(self) -> None:
+        """Connect the agents; every agent adopts agent 0's plan, so all agree exactly."""
+        my_ip = interface_ipv4(self.options.interface, self.spec.node) if self.options.interface else None
+        if self.spec.num_agents == 1:
+            if my_ip:
+                self.plan = self._with_hosts({n: my_ip for n in self.plan.nodes})
+            return
+        port = self.plan.control_port()
+        if self.spec.agent_id == 0:
+            self.server = control.ControlServer(port, self.spec.num_agents - 1)
+            others = {a: n for a, n in self.spec.agent_nodes.items() if a != 0}
+            hellos = self.server.gather(self.options.startup_timeout, others)
+            if my_ip:
+                hosts = {h["node"]: h["ip"] for h in hellos.values()} | {self.spec.node: my_ip}
+                self.plan = self._with_hosts(hosts)
+            self.server.broadcast({"start": self.plan.to_json()})
+            self.server.listen(lambda agent, msg: self.events.put(("peer", agent, msg)))
+        else:
+            first = self.plan.processes[0].node
+            hello = {"agent": self.spec.agent_id, "node": self.spec.node, "ip": my_ip}
+            self.client = control.ControlClient(first, port, hello, self.options.startup_timeout)
+            message = self.client.receive()
+            if not message or "start" not in message:
+                raise control.ControlError(f"the agent on {first} went away before the job started")
+            self.plan = Plan.from_json(message["start"])
+            threading.Thread(target=self._relay_from_agent0, daemon=True).start()
+
+    def _with_hosts(self, hosts: dict[str, str]) -> Plan:
+        return build_plan(self.job, self.plan.layout, self.plan.processes[0].port, self.plan.protocol, hosts)
+
+    def _relay_from_agent0(self) -> None:
+        assert self.client is not None
+        while (message := self.client.receive()) is not None:
+            self.events.put(("peer", 0, message))
+        self.events.put(("peer", 0, None))
+
+    def barrier(self) -> None:
+        """Agent 0: wait for every TF server of the plan to listen, then start the script."""
+        servers = [p for p in self.plan.processes if not self.runs_script(p) or self.plan.layout == "allreduce"]
+        missing = wait_reachable([p.address for p in servers], self.options.startup_timeout)
+        self.events.put(("barrier", [p for p in servers if p.address in missing]))
+
+    # -- the event loop -----------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self.form_job()
+        except control.ControlError as exc:
+            say(self.spec.node, f"error: {exc}. HINT: start one agent per node "
+                "(srun --ntasks-per-node=1), check that node names resolve and the ports are open.")
+            return 1
+        mine = self.my_processes()
+        if self.spec.agent_id == 0:
+            servers_first = [p for p in mine if not self.runs_script(p)]
+            self.start(servers_first)
+            if self.plan.layout == "allreduce" and not self.check:
+                self.start([p for p in mine if self.runs_script(p)])
+            threading.Thread(target=self.barrier, daemon=True).start()
+        else:
+            self.start(mine)
+        return self.loop()
+
+    def runs_any_script(self) -> bool:
+        return any(c.runs_script for c in self.children)
+
+    def loop(self) -> int:
+        previous = {s: signal.signal(s, lambda signum, _f: self.events.put(("signal", signum))) for s in FORWARDED_SIGNALS}
+        try:
+            while True:
+                event = self.events.get()
+                code = self.handle(event)
+                if code is not None:
+                    return code
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            self.shutdown()
+
+    def handle(self, event: tuple[Any, ...]) -> int | None:
+        kind = event[0]
+        if kind == "exit":
+            return self.on_child_exit(event[1], event[2])
+        if kind == "peer":
+            return self.on_peer(event[1], event[2])
+        if kind == "signal":
+            return self.on_signal(event[1])
+        if kind == "barrier":
+            return self.on_barrier(event[1])
+        if kind == "stop-deadline":
+            say(self.spec.node, f"no stop order from the first node within {ORPHAN_STOP_WAIT:.0f} s of the signal; stopping.")
+            return shell_exit_code(-self.interrupted) if self.interrupted else 1
+        raise AssertionError(kind)
+
+    def on_barrier(self, unreachable: list[Process]) -> int | None:
+        if self.stopping:
+            return None
+        if unreachable:
+            listing = ", ".join(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
+            return self.fail(
+                f"after {self.options.startup_timeout:.0f} s these TF servers are still unreachable: {listing}. "
+                "HINT: check that each name resolves to the right address on every node (getent hosts NODE), "
+                "that no firewall blocks the ports, or pick the network with --interface",
+                1,
+            )
+        if self.plan.layout != "allreduce" or self.check:
+            self.start([p for p in self.my_processes() if self.runs_script(p)])
+        return None
+
+    def on_child_exit(self, child: Child, code: int) -> int | None:
+        if self.stopping:
+            return None
+        if child.runs_script and (code == 0 or self.plan.layout != "allreduce" or self.interrupted):
+            if code != 0 or self.interrupted:
+                say(self.spec.node, f"{child.label} finished with {describe_exit(code)}")
+            if any(c.runs_script and c.popen.poll() is None for c in self.children):
+                return None
+            return self.script_done(shell_exit_code(code))
+        return self.fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
+
+    def script_done(self, code: int) -> int | None:
+        """This agent's scripts all ended; in allreduce, agent 0 waits for every agent."""
+        if self.spec.agent_id != 0:
+            assert self.client is not None
+            self.client.send({"done": self.spec.agent_id, "code": code})
+            return None
+        self.done_agents.add(0)
+        if code != 0 or self.plan.layout != "allreduce" or len(self.done_agents) == self.spec.num_agents:
+            return self.stop(code)
+        return None
+
+    def on_peer(self, agent: int, message: dict[str, Any] | None) -> int | None:
+        if self.stopping:
+            return None
+        if self.spec.agent_id != 0:
+            if message is None:
+                say(self.spec.node, f"error: lost contact with the first node's agent ({self.spec.agent_nodes[0]}); stopping.")
+                return self.stop(1)
+            if "stop" in message:
+                return self.stop(0)
+            return None
+        if message is None:
+            return self.fail(f"the agent on {self.spec.agent_nodes[agent]} disconnected unexpectedly", 1)
+        if "failed" in message:
+            return self.stop(int(message.get("code") or 1))
+        if "done" in message:
+            if message.get("code"):
+                return self.stop(int(message["code"]))
+            self.done_agents.add(agent)
+            if self.plan.layout == "allreduce" and len(self.done_agents) == self.spec.num_agents:
+                return self.stop(0)
+        return None
+
+    def on_signal(self, signum: int) -> int | None:
+        """Forward to the children; SIGINT/SIGTERM also end the job once the script ends."""
+        for child in self.children:
+            child.signal(signum)
+        if signum == signal.SIGUSR1:
+            return None
+        self.interrupted = signum
+        say(self.spec.node, f"got {signal.Signals(signum).name}; forwarded to this node's processes.")
+        if not self.runs_any_script():
+            if self.spec.agent_id == 0 or self.spec.local:
+                return self.stop(shell_exit_code(-signum))
+            threading.Timer(ORPHAN_STOP_WAIT, lambda: self.events.put(("stop-deadline",))).start()
+        return None
+
+    def fail(self, reason: str, code: int) -> int:
+        say(self.spec.node, f"error: {reason}; stopping the job.")
+        if self.client is not None:
+            self.client.send({"failed": reason, "code": code})
+        return self.stop(code)
+
+    def stop(self, code: int) -> int:
+        self.stopping = True
+        if self.server is not None:
+            self.server.broadcast({"stop": code})
+        return code
+
+    def shutdown(self) -> None:
+        """SIGTERM every child's process group, SIGKILL after the grace time, drain output."""
+        self.stopping = True
+        for child in self.children:
+            child.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.options.shutdown_grace
+        for child in self.children:
+            try:
+                child.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:
+                pass
+        for child in self.children:
+            child.signal(signal.SIGKILL)
+            child.popen.wait()
+            child.pump.join(timeout=2)
+        for endpoint in (self.server, self.client):
+            if endpoint is not None:
+                endpoint.close()
+
+
+def launch(
+    job: JobInfo,
+    plan: Plan,
+    options: Options,
+    mode: str,
+    script: str | None,
+    script_args: list[str],
+    check: bool,
+    local: bool,
+) -> int:
+    """Validate what needs this machine, then run this task's agent."""
+    if script is not None and not check:
+        if not Path(script).is_file():
+            raise ClusterConfigError(
+                f"SCRIPT {script!r} does not exist (working directory {os.getcwd()}).",
+                "give the training script's path, e.g. python -m keras_distrib.slurm train.py --epochs 3.",
+            )
+        script_argv = [sys.executable, "-u", script, *script_args]
+    else:
+        script_argv = []
+    if options.interface:
+        interface_ipv4(options.interface, job.node)  # fail before starting anything
+    require_protocol(options.protocol)
+    agent = Agent(agent_spec(job, mode, local), job, plan, options, mode, script_argv, check or script is None)
+    return agent.run()

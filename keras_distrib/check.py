@@ -1,0 +1,85 @@
+"""`python -m keras_distrib.check`: run a small op on every ps and worker and print a table.
+
+Started by the agent in place of the user's script (``--check`` or no SCRIPT), once
+every server listens. Exit 0 when every task answered with the GPUs the plan gave it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+from .plan import CHIEF, Plan, Process
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    proc: Process
+    gpus_seen: tuple[str, ...]
+    rtt_ms: float | None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and len(self.gpus_seen) == len(self.proc.gpus)
+
+
+def format_table(rows: list[CheckRow]) -> str:
+    header = ("NODE", "ROLE", "ADDRESS", "GPUS PLANNED", "GPUS SEEN", "RTT MS", "STATUS")
+    lines = [header]
+    for r in rows:
+        status = "OK" if r.ok else f"FAILED {r.error or 'GPU count differs'}"
+        rtt = f"{r.rtt_ms:.2f}" if r.rtt_ms is not None else "-"
+        lines.append((r.proc.node, r.proc.name, r.proc.address, ",".join(r.proc.gpus) or "-",
+                      str(len(r.gpus_seen)), rtt, status))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def probe(tf: object, proc: Process, remote_devices: list[str], repeats: int = 5) -> CheckRow:
+    """Median round trip of a tiny op on ``proc``'s CPU, and the GPUs it exposes."""
+    import tensorflow as tf
+
+    prefix = f"/job:{proc.job}/replica:0/task:{proc.index}/"
+    gpus = tuple(d for d in remote_devices if d.startswith(prefix) and "/device:GPU:" in d)
+    times = []
+    try:
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            with tf.device(prefix + "device:CPU:0"):
+                value = tf.reduce_sum(tf.ones([64]))
+            if float(value.numpy()) != 64.0:
+                return CheckRow(proc, gpus, None, "wrong result")
+            times.append((time.perf_counter() - start) * 1000)
+    except Exception as exc:  # any TF error means the task is not usable
+        return CheckRow(proc, gpus, None, type(exc).__name__)
+    return CheckRow(proc, gpus, statistics.median(times[1:]))
+
+
+def main() -> int:
+    plan = Plan.from_json(json.loads(os.environ["KERAS_DISTRIB_PLAN"]))
+    import tensorflow as tf
+
+    spec = plan.cluster_spec()
+    if CHIEF not in spec:
+        spec[CHIEF] = [json.loads(os.environ["TF_CONFIG"])["cluster"].get(CHIEF, ["localhost:0"])[0]]
+        if spec[CHIEF][0].endswith(":0"):
+            spec[CHIEF] = [f"localhost:{plan.control_port() + 1}"]
+    tf.config.experimental_connect_to_cluster(
+        tf.train.ClusterSpec(spec), job_name=CHIEF, task_index=0, protocol=plan.protocol
+    )
+    devices = [d.name for d in tf.config.list_logical_devices()]
+    rows = [probe(tf, p, devices) for p in plan.processes if p.job != CHIEF]
+    print(f"cluster check: {plan.scheduler} job {plan.job_id}, layout {plan.layout}, {len(rows)} task(s)")
+    print(format_table(rows))
+    failed = [r for r in rows if not r.ok]
+    print(f"{len(rows) - len(failed)} OK, {len(failed)} FAILED", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

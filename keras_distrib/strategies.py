@@ -1,0 +1,92 @@
+"""Inside SCRIPT: this process's place in the job, and the matching tf.distribute strategy."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .plan import CHIEF, PS, WORKER, Plan
+
+PLAN_VAR = "KERAS_DISTRIB_PLAN"
+
+
+class NotInJobError(RuntimeError):
+    """Raised when a helper that needs a running job is called outside one."""
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What a process of a keras_distrib job knows about itself and the job."""
+
+    plan: Plan
+    job: str
+    index: int
+
+    @property
+    def layout(self) -> str:
+        return self.plan.layout
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the process that should write checkpoints and logs."""
+        return self.job == CHIEF or (self.plan.layout == "allreduce" and self.index == 0)
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.plan.cluster_spec().get(WORKER, []))
+
+    @property
+    def num_ps(self) -> int:
+        return len(self.plan.cluster_spec().get(PS, []))
+
+
+def cluster(environ: dict[str, str] | None = None) -> ClusterInfo:
+    """This process's role and the whole plan, from the variables the agent set."""
+    env = os.environ if environ is None else environ
+    if PLAN_VAR not in env or "TF_CONFIG" not in env:
+        raise NotInJobError(
+            "not inside a keras_distrib job (KERAS_DISTRIB_PLAN / TF_CONFIG are not set). "
+            "HINT: run the script through the launcher: python -m keras_distrib.local --nodes 2 SCRIPT "
+            "(one machine) or srun --ntasks-per-node=1 python -m keras_distrib.slurm SCRIPT."
+        )
+    task = json.loads(env["TF_CONFIG"])["task"]
+    return ClusterInfo(Plan.from_json(json.loads(env[PLAN_VAR])), task["type"], int(task["index"]))
+
+
+@functools.cache
+def strategy() -> Any:
+    """The strategy for this job's layout, created once per process.
+
+    ps-per-node / worker-per-gpu: ParameterServerStrategy (this process is the chief).
+    allreduce: MultiWorkerMirroredStrategy, NCCL collectives when GPUs are present.
+    """
+    info = cluster()
+    import tensorflow as tf
+
+    spec = tf.train.ClusterSpec(info.plan.cluster_spec())
+    if info.layout == "allreduce":
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            spec, task_type=info.job, task_id=info.index, rpc_layer=info.plan.protocol
+        )
+        has_gpus = any(p.gpus for p in info.plan.processes)
+        implementation = (
+            tf.distribute.experimental.CommunicationImplementation.NCCL
+            if has_gpus
+            else tf.distribute.experimental.CommunicationImplementation.AUTO
+        )
+        return tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=resolver,
+            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation),
+        )
+    if info.job != CHIEF:
+        raise NotInJobError(
+            f"strategy() runs on the chief in layout {info.layout}, but this is {info.job}:{info.index}. "
+            "HINT: only the chief runs SCRIPT in the parameter-server layouts; do not start it elsewhere."
+        )
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        spec, task_type=CHIEF, task_id=0, rpc_layer=info.plan.protocol
+    )
+    return tf.distribute.experimental.ParameterServerStrategy(resolver)
