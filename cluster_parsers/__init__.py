@@ -3,7 +3,16 @@
 Pure Python: importing this package never imports TensorFlow.
 """
 
-from .base import ClusterConfigError, ClusterParser, JobInfo, node_of_rank
+from .base import (
+    ClusterConfigError,
+    ClusterParser,
+    JobInfo,
+    expand_hosts,
+    expand_tasks_per_node,
+    mpi_rank,
+    node_of_rank,
+    split_gpu_ids,
+)
 from .lsf import LsfParser
 from .pbs import PbsParser
 from .registry import (
@@ -34,6 +43,10 @@ __all__ = [
     "all_parsers",
     "detect",
     "get_parser",
+    "expand_hosts",
+    "expand_tasks_per_node",
+    "mpi_rank",
     "node_of_rank",
+    "split_gpu_ids",
     "parse_job",
 ]

@@ -42,7 +42,8 @@ def place_rank(rank: int, slot_hosts: Sequence[str], nodes: Sequence[str], var: 
 
 def local_host_index(nodes: Sequence[str], env: Mapping[str, str]) -> int | None:
     """Index of this machine in ``nodes``, matching short or full host names."""
-    names = {env.get("HOSTNAME", ""), socket.gethostname(), socket.getfqdn()}
+    # No getfqdn(): it asks DNS, which can take seconds on nodes with broken resolvers.
+    names = {env.get("HOSTNAME", ""), socket.gethostname()}
     names |= {n.split(".")[0] for n in names}
     names.discard("")
     for index, node in enumerate(nodes):

@@ -34,9 +34,18 @@ def plugin_parsers() -> list[type[ClusterParser]]:
     """Parsers registered by other packages under the ``cluster_parsers`` entry points."""
     found = []
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        cls = ep.load()
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken third-party plugin must not crash with a traceback
+            raise ClusterConfigError(
+                f"the {ENTRY_POINT_GROUP} plugin {ep.name} = {ep.value} failed to load ({type(exc).__name__}: {exc}).",
+                "fix or uninstall the package that provides it (pip show / pip uninstall).",
+            ) from None
         if not (isinstance(cls, type) and issubclass(cls, ClusterParser)):
-            raise TypeError(f"entry point {ep.name} = {ep.value} is not a ClusterParser subclass")
+            raise ClusterConfigError(
+                f"the {ENTRY_POINT_GROUP} plugin {ep.name} = {ep.value} is not a ClusterParser subclass.",
+                "point the entry point at a subclass of cluster_parsers.ClusterParser.",
+            )
         found.append(cls)
     return found
 

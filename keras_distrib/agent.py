@@ -146,7 +146,7 @@ class Agent:
             message = self.client.receive()
             if not message or "start" not in message:
                 raise control.ControlError(f"the agent on {first} went away before the job started")
-            self.plan = Plan.from_json(message["start"])
+            self.plan = Plan.from_json(message["start"], self.plan.protocol)
             threading.Thread(target=self._relay_from_agent0, daemon=True).start()
 
     def _with_hosts(self, hosts: dict[str, str]) -> Plan:

@@ -61,7 +61,7 @@ def probe(tf: object, proc: Process, remote_devices: list[str], repeats: int = 5
 
 
 def main() -> int:
-    plan = Plan.from_json(json.loads(os.environ["KERAS_DISTRIB_PLAN"]))
+    plan = Plan.from_json(json.loads(os.environ["KERAS_DISTRIB_PLAN"]), os.environ.get("KERAS_DISTRIB_PROTOCOL", "grpc"))
     import tensorflow as tf
 
     spec = plan.cluster_spec()

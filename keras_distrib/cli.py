@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from cluster_parsers import ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
 
 from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
-from .plan import Plan, build_plan, tasks_mode
+from .plan import Plan, build_plan, check_task_counts, tasks_mode
 
 PROG_ERROR_PREFIX = "keras_distrib: error:"
 
@@ -90,10 +90,12 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             job = parser.parse()
             hosts = None
         plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts)
-        mode = tasks_mode(job, plan, parser.agent_launch_hint if parser else "use --nodes.")
+        hint = parser.agent_launch_hint if parser else "use --nodes."
         if args.plan:
+            check_task_counts(job, plan, hint)
             print(json.dumps(plan.to_json()) if args.format == "json" else format_table(plan))
             return 0
+        mode = tasks_mode(job, plan, hint)
         from .agent import launch  # TensorFlow-free, but only needed past this point
 
         return launch(job, plan, options, mode, args.script, args.script_args, check=args.check or not args.script, local=local)

@@ -69,10 +69,8 @@ def _check_index(index: int, num_shards: int) -> None:
 
 def shard_arrays(arrays: Any, index: int, num_shards: int) -> Any:
     """Shard ``index`` of a nest of equally long arrays (``x``, ``(x, y)``, dicts...)."""
-    import tree  # dm-tree ships with Keras 3
-
     _check_index(index, num_shards)
-    return tree.map_structure(lambda a: a[index::num_shards], arrays)
+    return _map(lambda a: a[index::num_shards], arrays)
 
 
 def shard_dataset(dataset: "tf.data.Dataset", index: int, num_shards: int) -> "tf.data.Dataset":
@@ -115,10 +113,23 @@ class Source(Protocol):
         ...
 
 
-def _leading_len(arrays: Any) -> int:
-    import tree
+def _map(fn: Callable[[Any], Any], nest: Any) -> Any:
+    """map over a nest of tuples/lists/dicts of arrays (no TensorFlow import needed)."""
+    if isinstance(nest, dict):
+        return {k: _map(fn, v) for k, v in nest.items()}
+    if isinstance(nest, (tuple, list)):
+        return type(nest)(_map(fn, v) for v in nest)
+    return fn(nest)
 
-    lengths = {len(a) for a in tree.flatten(arrays)}
+
+def _flatten(nest: Any) -> list[Any]:
+    out: list[Any] = []
+    _map(out.append, nest)
+    return out
+
+
+def _leading_len(arrays: Any) -> int:
+    lengths = {len(a) for a in _flatten(arrays) if a is not None}
     if len(lengths) != 1:
         raise ValueError(f"arrays have different lengths: {sorted(lengths)}")
     return lengths.pop()
@@ -198,7 +209,6 @@ class SelfLoadedSource:
 
     def arrays_for(self, index: int, num_shards: int) -> Any:
         import numpy as np
-        import tree
 
         _check_index(index, num_shards)
         arrays = self.load_fn(index, num_shards)
@@ -206,7 +216,7 @@ class SelfLoadedSource:
             return arrays
         perm = np.random.default_rng(self.seed).permutation(_leading_len(arrays))
         mine = np.sort(perm[index::num_shards])
-        return tree.map_structure(lambda a: np.asarray(a)[mine], arrays)
+        return _map(lambda a: np.asarray(a)[mine], arrays)
 
     def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":
         import tensorflow as tf

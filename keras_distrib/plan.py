@@ -94,7 +94,6 @@ class Plan:
             "job_id": self.job_id,
             "nodes": list(self.nodes),
             "layout": self.layout,
-            "protocol": self.protocol,
             "cluster": self.cluster_spec(),
             "processes": [
                 {"node": p.node, "job": p.job, "index": p.index, "address": p.address, "gpus": list(p.gpus)}
@@ -103,13 +102,13 @@ class Plan:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Plan:
+    def from_json(cls, data: Mapping[str, Any], protocol: str = "grpc") -> Plan:
         nodes = tuple(data["nodes"])
         procs = []
         for p in data["processes"]:
             host, port = p["address"].rsplit(":", 1)
             procs.append(Process(p["node"], nodes.index(p["node"]), p["job"], p["index"], host, int(port), tuple(p["gpus"])))
-        return cls(data["scheduler"], data["job_id"], nodes, data["layout"], data.get("protocol", "grpc"), tuple(procs))
+        return cls(data["scheduler"], data["job_id"], nodes, data["layout"], protocol, tuple(procs))
 
 
 _JOB_ORDER = {CHIEF: 0, PS: 1, WORKER: 2}
@@ -133,7 +132,7 @@ def derive_port_base(job_id: str, override: int | None = None) -> int:
     if override is not None:
         if not MIN_PORT <= override <= MAX_PORT:
             raise ClusterConfigError(
-                f"port base {override} is outside {MIN_PORT}-{MAX_PORT}.",
+                f"--port-base / KERAS_DISTRIB_PORT_BASE={override} is outside {MIN_PORT}-{MAX_PORT}.",
                 f"pass --port-base (or KERAS_DISTRIB_PORT_BASE) between {MIN_PORT} and {MAX_PORT}.",
             )
         return override
@@ -164,9 +163,14 @@ def build_plan(
             slot = next_slot.get(host, 0)
             next_slot[host] = slot + 1
             port = base + slot
+            if port_base is None and slot >= PORT_BLOCK - 1:  # the last port is the agents' control port
+                raise ClusterConfigError(
+                    f"{host} needs more than the {PORT_BLOCK - 1} ports of the block derived from job id {job.job_id}.",
+                    "pass --port-base (or KERAS_DISTRIB_PORT_BASE) with a free range for this job.",
+                )
             if port > MAX_PORT:
                 raise ClusterConfigError(
-                    f"port base {base} leaves no port for {role}:{counters[role]} on {host} "
+                    f"--port-base / KERAS_DISTRIB_PORT_BASE={base} leaves no port for {role}:{counters[role]} on {host} "
                     f"(needs {base}+{slot} > {MAX_PORT}).",
                     f"pass a lower --port-base (or KERAS_DISTRIB_PORT_BASE), e.g. {PORT_RANGE_START}.",
                 )
@@ -188,28 +192,45 @@ def _check_equal_gpus(job: JobInfo, layout: str) -> None:
         )
 
 
+def check_task_counts(job: JobInfo, plan: Plan, hint: str) -> None:
+    """Refuse more started tasks on a node than the layout has processes there."""
+    if not job.tasks_launched:
+        return
+    wanted = _processes_per_node(plan)
+    for node, (tasks, procs) in enumerate(zip(job.tasks_per_node, wanted)):
+        if tasks > procs:
+            raise ClusterConfigError(
+                f"{job.tasks_source or 'tasks per node'} starts {tasks} task(s) on {job.nodes[node]}, but layout "
+                f"{plan.layout} runs only {procs} process(es) there.",
+                hint,
+            )
+
+
 def tasks_mode(job: JobInfo, plan: Plan, hint: str) -> str:
     """'agent' (one task per node starts all its processes) or 'per-role' (one task per process).
 
-    Raises when the scheduler started a task count that matches neither; ``hint`` is the
-    scheduler's way to start one task per node.
+    Raises when the started task counts match neither; ``hint`` is the scheduler's way
+    to start one task per node.
     """
-    wanted = [0] * len(job.nodes)
-    for proc in plan.processes:
-        wanted[proc.node_index] += 1
+    check_task_counts(job, plan, hint)
     if not job.tasks_launched or all(t == 1 for t in job.tasks_per_node):
         return "agent"
+    wanted = _processes_per_node(plan)
     if list(job.tasks_per_node) == wanted:
         return "per-role"
-    tasks = job.tasks_per_node
-    first_extra = next(i for i, t in enumerate(tasks) if t != 1)
-    node = next((i for i, t in enumerate(tasks) if t not in (1, wanted[i])), first_extra)
-    source = job.tasks_source or "tasks per node"
+    node = next(i for i, (t, w) in enumerate(zip(job.tasks_per_node, wanted)) if t not in (1, w))
     raise ClusterConfigError(
-        f"{source} starts {tasks[node]} task(s) on {job.nodes[node]}, but layout "
-        f"{plan.layout} runs {wanted[node]} process(es) there, all started by one agent per node.",
+        f"{job.tasks_source or 'tasks per node'} starts {job.tasks_per_node[node]} task(s) on {job.nodes[node]}; "
+        f"layout {plan.layout} needs 1 (an agent per node) or {wanted[node]} (one task per process) there.",
         hint,
     )
+
+
+def _processes_per_node(plan: Plan) -> list[int]:
+    counts = [0] * len(plan.nodes)
+    for proc in plan.processes:
+        counts[proc.node_index] += 1
+    return counts
 
 
 def process_for_task(job: JobInfo, plan: Plan) -> Process:

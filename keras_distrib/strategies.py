@@ -53,7 +53,8 @@ def cluster(environ: dict[str, str] | None = None) -> ClusterInfo:
             "(one machine) or srun --ntasks-per-node=1 python -m keras_distrib.slurm SCRIPT."
         )
     task = json.loads(env["TF_CONFIG"])["task"]
-    return ClusterInfo(Plan.from_json(json.loads(env[PLAN_VAR])), task["type"], int(task["index"]))
+    plan = Plan.from_json(json.loads(env[PLAN_VAR]), env.get("KERAS_DISTRIB_PROTOCOL", "grpc"))
+    return ClusterInfo(plan, task["type"], int(task["index"]))
 
 
 @functools.cache

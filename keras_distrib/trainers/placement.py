@@ -124,7 +124,9 @@ def build(model_fn: Callable[[], Any], strategy: Any = None) -> Any:
             return _finish(model_fn())
     planned = _record_sizes(model_fn)
     placer = BalancedPlacer(num_ps, planned)
-    with strategy.scope(), placer.scope():
+    # The placer must sit *below* the strategy's creator (entered first): the strategy's
+    # round-robin creator sets a device scope and ours, called next, overrides it.
+    with placer.scope(), strategy.scope():
         model = _finish(model_fn())
     model._keras_distrib_placer = placer  # later variables (step counter) use the same loads
     return model
@@ -139,7 +141,10 @@ def _finish(model: Any) -> Any:
 
 
 def placement_scope(model: Any) -> contextlib.AbstractContextManager:
-    """The placer used to build ``model`` (least-loaded for new variables), if any."""
+    """The placer used to build ``model`` (least-loaded for new variables), if any.
+
+    Enter it *before* ``strategy.scope()`` (see `build`).
+    """
     placer = getattr(model, "_keras_distrib_placer", None)
     return placer.scope() if placer is not None else contextlib.nullcontext()
 

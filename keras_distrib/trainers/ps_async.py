@@ -1,0 +1,306 @@
+"""Asynchronous parameter-server training for Keras 3 models (ParameterServerStrategy).
+
+Design notes (why):
+
+* Steps per scheduled function (K, ``steps_per_execution``): a scheduled closure costs
+  ~1.5 ms of coordinator overhead, so each closure runs K steps in a loop inside one
+  tf.function. Measured on this 2-core box (2 workers + 1 ps, MLP, batch 64; see
+  shared/notes/tensorflow-facts.md and ``tests/local/test_ps_trainer.py::test_k_speedup``):
+  K=1 ~97 steps/s, K=10 ~170 steps/s, larger K gains nothing -> default K=10.
+* Exact step: Keras 3 ``optimizer.iterations`` loses increments under concurrent workers
+  (read-modify-write), so a separate int64 ``global_step`` on a ps is advanced with
+  ``assign_add`` (atomic on the ps). Before each update the step copies the counter into
+  ``optimizer.iterations``, so LR schedules and Adam's bias correction see the true step
+  (up to the few updates in flight on other workers), and at every epoch end the chief
+  sets ``iterations`` to the exact counter, so checkpoints and callbacks see it exactly.
+* Data: each worker gets its own dataset function with its shard index baked in (one
+  resource closure per worker, re-run with the same index if the worker is recovered),
+  because upstream ``create_per_worker_dataset`` gives every worker the same stream.
+* Callbacks: epoch hooks get the full logs. Batch hooks are called at closure granularity
+  (``on_train_batch_begin/end`` with the index of the closure's last step) when that
+  closure's result reaches the chief, with running ``loss`` and metrics in ``logs``.
+* Validation runs as scheduled closures over per-worker shards of ``validation_data``;
+  closures are scheduled until every example has been evaluated once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any, Sequence
+
+from .. import data as kd_data
+from ._common import (
+    CheckpointKeeper,
+    MetricSet,
+    Progress,
+    Totals,
+    TrainerError,
+    batch_size_of,
+    check_model,
+    epoch_steps,
+    make_callbacks,
+    mean_loss,
+    resolve_strategy,
+    run_epochs,
+    step_totals,
+    unpack,
+    zeros_totals,
+)
+from .placement import placement_scope
+
+#: Default steps per scheduled function (see module docstring for the measurement).
+DEFAULT_STEPS_PER_EXECUTION = 10
+
+
+class PerWorkerInput:
+    """Per-worker iterators over disjoint shards of a `Source`."""
+
+    def __init__(self, coordinator: Any, source: Any, *, batch_size: int | None, shuffle: bool,
+                 seed: int | None, repeat: bool) -> None:
+        import tensorflow as tf
+        from tensorflow.python.distribute import input_lib
+        from tensorflow.python.distribute.coordinator import values as coord_values
+
+        workers = coordinator._cluster.workers  # private: needed to give each worker its own fn
+        k = len(workers)
+
+        def dataset_fn(index: int) -> Any:
+            return kd_data.pipeline(source, index, k, batch_size=batch_size, shuffle=shuffle,
+                                    seed=seed, repeat=repeat)
+
+        concrete = [tf.function(lambda i=i: dataset_fn(i)).get_concrete_function() for i in range(k)]
+        # The iterator resource is rebuilt by the same closure (same shard) after a worker fails.
+        iters = tuple(w.create_resource(lambda c=c: iter(c())) for w, c in zip(workers, concrete))
+        spec = input_lib.get_iterator_spec_from_dataset(coordinator.strategy, concrete[0].structured_outputs)
+        for rv in iters:
+            rv._type_spec = spec
+        self.iterator = coord_values.PerWorkerDistributedIterator(iters)
+        self.element_spec = concrete[0].structured_outputs.element_spec
+        self.sample_dataset = dataset_fn(0)  # local, for building metrics on the chief
+
+
+class ParameterServerTrainer:
+    """Trains a compiled Keras 3 model asynchronously with a ParameterServerStrategy."""
+
+    def __init__(self, model: Any, strategy: Any = None, *, steps_per_execution: int = DEFAULT_STEPS_PER_EXECUTION) -> None:
+        import tensorflow as tf
+
+        self.strategy = resolve_strategy(strategy, allow=("ps",))
+        self.model = model
+        self.optimizer = check_model(model, self.strategy)
+        self.steps_per_execution = max(1, int(steps_per_execution))
+        self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
+        self.num_workers = len(self.coordinator._cluster.workers)
+        with placement_scope(model), self.strategy.scope():
+            if not self.optimizer.built:
+                self.optimizer.build(model.trainable_variables)
+            self.global_step = tf.Variable(
+                int(self.optimizer.iterations.numpy()), dtype=tf.int64, trainable=False, name="global_step"
+            )
+        self.metrics = MetricSet(model)
+        self._train_fn = None
+        self._eval_fn = None
+
+    # ------------------------------------------------------------ traced functions
+
+    def _make_train_fn(self) -> Any:
+        import tensorflow as tf
+
+        model, opt, step, metrics, strategy = self.model, self.optimizer, self.global_step, self.metrics, self.strategy
+
+        def replica_step(batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any]]:
+            x, y, sw = unpack(batch)
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = mean_loss(model, x, y, y_pred, sw, training=True)
+            grads = tape.gradient(loss, model.trainable_variables)
+            # assign_add is atomic on the ps; iterations follows the exact counter.
+            before = step.assign_add(1) - 1
+            opt.iterations.assign(tf.cast(before, opt.iterations.dtype))
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw)
+
+        @tf.function
+        def train_chunk(iterator: Any, num_steps: Any) -> dict[str, Any]:
+            totals = zeros_totals(metrics)
+            for _ in tf.range(num_steps):
+                loss, n, state = strategy.run(replica_step, args=(next(iterator), totals["state"]))
+                totals = step_totals(totals, loss, n, state)
+            return totals
+
+        return train_chunk
+
+    def _make_eval_fn(self) -> Any:
+        import tensorflow as tf
+
+        model, metrics, strategy = self.model, self.metrics, self.strategy
+
+        def replica_step(batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any]]:
+            x, y, sw = unpack(batch)
+            y_pred = model(x, training=False)
+            loss = mean_loss(model, x, y, y_pred, sw, training=False)
+            return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw)
+
+        @tf.function
+        def eval_chunk(iterator: Any, num_steps: Any) -> dict[str, Any]:
+            totals = zeros_totals(metrics)
+            for _ in tf.range(num_steps):
+                opt = iterator.get_next_as_optional()
+                if not opt.has_value():
+                    break
+                loss, n, state = strategy.run(replica_step, args=(opt.get_value(), totals["state"]))
+                totals = step_totals(totals, loss, n, state)
+            return totals
+
+        return eval_chunk
+
+    # ------------------------------------------------------------ helpers
+
+    def _input(self, data: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool) -> tuple[Any, PerWorkerInput]:
+        source = kd_data.as_source(data)
+        if source.batched:
+            batch_size = None
+        elif batch_size is None:
+            batch_size = 32
+        return source, PerWorkerInput(self.coordinator, source, batch_size=batch_size,
+                                      shuffle=shuffle, seed=seed, repeat=repeat)
+
+    def _ensure_metrics(self, inp: PerWorkerInput) -> None:
+        if self.metrics.metric is not None and not self.metrics.metric.built:
+            self.metrics.build(self.model, next(iter(inp.sample_dataset.take(1))))
+
+    def _window(self) -> int:
+        # Enough closures in flight to keep every worker busy while the chief fetches.
+        return 4 * self.num_workers
+
+    def _run_chunks(self, fn: Any, iterator: Any, total_steps: int, on_chunk: Any = None) -> Totals:
+        """Schedule ``total_steps`` in chunks of K steps; fold results in order."""
+        import tensorflow as tf
+
+        totals = Totals(self.metrics.reset_numpy())
+        k = self.steps_per_execution
+        pending: deque = deque()
+        done_steps = 0
+
+        def drain_one() -> None:
+            nonlocal done_steps
+            last, rv = pending.popleft()
+            totals.add(rv.fetch())
+            done_steps = last + 1
+            if on_chunk is not None:
+                on_chunk(last, totals)
+
+        for first in range(0, total_steps, k):
+            n = min(k, total_steps - first)
+            pending.append((first + n - 1, self.coordinator.schedule(fn, args=(iterator, tf.constant(n)))))
+            if len(pending) >= self._window():
+                drain_one()
+        while pending:
+            drain_one()
+        return totals
+
+    # ------------------------------------------------------------ public API
+
+    def fit(
+        self,
+        data: Any,
+        *,
+        epochs: int = 1,
+        steps_per_epoch: int | None = None,
+        batch_size: int | None = None,
+        callbacks: Sequence[Any] | None = None,
+        validation_data: Any = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
+        verbose: int = 1,
+        shuffle: bool = True,
+        seed: int | None = 0,
+        initial_epoch: int = 0,
+        checkpoint_dir: str | None = None,
+    ) -> Any:
+        """Train ``epochs`` epochs; see `keras_distrib.trainers.fit`."""
+        source, inp = self._input(data, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=True)
+        steps = epoch_steps(source.num_examples, None if source.batched else (batch_size or 32), steps_per_epoch, "data")
+        if steps is None:
+            raise TrainerError("the data has unknown size. HINT: pass steps_per_epoch=...")
+        self._ensure_metrics(inp)
+        self._train_fn = self._train_fn or self._make_train_fn()
+
+        keeper = None
+        if checkpoint_dir:
+            keeper = CheckpointKeeper(checkpoint_dir, self.model, self.optimizer, self.global_step, is_chief=True)
+            if keeper.restore():
+                initial_epoch = max(initial_epoch, int(self.global_step.numpy()) // steps)
+
+        if validation_data is not None:
+            val_source = kd_data.as_source(validation_data)
+            val_bs = None if val_source.batched else (validation_batch_size or batch_size or 32)
+
+        cbs = make_callbacks(callbacks, self.model, epochs, steps, verbose)
+
+        def train_epoch(epoch: int, progress: Progress, cbs: Any) -> Totals:
+            def on_chunk(last: int, totals: Totals) -> None:
+                logs = totals.logs(self.metrics)
+                cbs.on_train_batch_begin(last)
+                cbs.on_train_batch_end(last, logs)
+                progress.update(last + 1, logs)
+
+            totals = self._run_chunks(self._train_fn, inp.iterator, steps, on_chunk)
+            self.coordinator.join()
+            self.sync_iterations()
+            return totals
+
+        def validate() -> dict[str, float]:
+            return self.evaluate(val_source, steps=validation_steps, batch_size=val_bs, prefix="val_")
+
+        def on_epoch_done(epoch: int) -> None:
+            if keeper is not None:
+                keeper.save(int(self.global_step.numpy()))
+
+        return run_epochs(
+            model=self.model, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+            callbacks=cbs, verbose=verbose, show=True, train_epoch=train_epoch,
+            validate=validate if validation_data is not None else None,
+            train_logs=lambda t: t.logs(self.metrics), on_epoch_done=on_epoch_done,
+        )
+
+    def evaluate(self, data: Any, *, steps: int | None = None, batch_size: int | None = None,
+                 prefix: str = "") -> dict[str, float]:
+        """Distributed evaluation: every example once (or ``steps`` batches); logs dict."""
+        source, inp = self._input(data, batch_size=batch_size, shuffle=False, seed=None, repeat=False)
+        self._ensure_metrics(inp)
+        self._eval_fn = self._eval_fn or self._make_eval_fn()
+        totals = Totals(self.metrics.reset_numpy())
+        want = steps
+        expected = None if steps is not None else source.num_examples
+        # Closures land on whichever worker is free, so keep scheduling rounds until the
+        # shards are exhausted: all examples counted, or a whole round came back empty.
+        while True:
+            round_steps = want if want is not None else self.steps_per_execution * 2 * self.num_workers
+            part = self._run_chunks(self._eval_fn, inp.iterator, round_steps)
+            self.coordinator.join()
+            totals.merge(part)
+            if want is not None:
+                want -= part.steps
+                if want <= 0 or part.steps == 0:
+                    break
+                continue
+            counted = totals.steps if source.batched else totals.count
+            if part.steps == 0 or (expected is not None and counted >= expected):
+                break
+        return totals.logs(self.metrics, prefix)
+
+    def reset_functions(self) -> None:
+        """Forget traced functions (after changing steps_per_execution)."""
+        self._train_fn = self._eval_fn = None
+
+    def sync_iterations(self) -> None:
+        """Make ``optimizer.iterations`` equal the exact step counter (call when idle)."""
+        self.optimizer.iterations.assign(self.global_step.read_value())
+
+    def checkpoint(self) -> Any:
+        """A tf.train.Checkpoint of model, optimizer and the exact step."""
+        import tensorflow as tf
+
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)

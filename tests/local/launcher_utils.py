@@ -1,0 +1,98 @@
+"""Helpers for tests that run the launcher in local mode as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+NOISE = re.compile(r"^\[[^\]]+\] ([IWE]\d{4} |WARNING: All log messages)")
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PBS_", "LSB_", "KERAS_DISTRIB_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def start_local(args: list[str], cwd: Path, **extra_env: str) -> subprocess.Popen[str]:
+    """Start ``python -m keras_distrib.local ARGS`` with stdout and stderr merged."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "keras_distrib.local", *args],
+        cwd=cwd,
+        env=launcher_env(**extra_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def meaningful(output: str) -> list[str]:
+    """Output lines without TensorFlow's start-up chatter."""
+    return [line for line in output.splitlines() if line and not NOISE.match(line)]
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def processes_with_env(key: str, value: str, parent: int | None = None) -> list[int]:
+    """PIDs whose environment has key=value, optionally only children of ``parent``."""
+    found = []
+    needle = f"{key}={value}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                if parent is None or parent_of(int(entry.name)) == parent:
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    """PIDs still running (zombies count as gone)."""
+    out = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            out.append(pid)
+    return out
+
+
+def wait_for(predicate, timeout: float, poll: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return predicate()
+
+
+def listening_ports() -> set[int]:
+    """TCP ports listening on this machine (from /proc/net/tcp{,6})."""
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

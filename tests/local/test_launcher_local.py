@@ -1,0 +1,158 @@
+"""The launcher's lifecycle in local mode: exit codes, cleanup, failures, signals, start-up."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher_utils import (
+    alive,
+    launcher_env,
+    listening_ports,
+    meaningful,
+    processes_with_env,
+    start_local,
+    wait_for,
+)
+
+CHIEF_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    import keras_distrib
+    info = keras_distrib.cluster()
+    print("role", info.job, info.index, "workers", info.num_workers, "ps", info.num_ps, flush=True)
+    mode = sys.argv[1]
+    if mode == "exit":
+        sys.exit(int(sys.argv[2]))
+    def note(signum, frame):
+        with open(sys.argv[2], "a") as fh:
+            fh.write(signal.Signals(signum).name + "\\n")
+        if signum == signal.SIGTERM:
+            sys.exit(7)
+    signal.signal(signal.SIGUSR1, note)
+    signal.signal(signal.SIGTERM, note)
+    print("waiting", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("launcher")
+    (path / "chief.py").write_text(CHIEF_SCRIPT)
+    return path
+
+
+def plan_ports(workdir: Path, nodes: int, port_base: int) -> set[int]:
+    out = subprocess.run(
+        [sys.executable, "-m", "keras_distrib.local", "--nodes", str(nodes), "--port-base", str(port_base), "--plan", "--format", "json"],
+        cwd=workdir, env=launcher_env(), capture_output=True, text=True, check=True,
+    )
+    return {int(p["address"].rsplit(":", 1)[1]) for p in json.loads(out.stdout)["processes"]}
+
+
+def test_exit_code_output_prefix_and_cleanup(workdir: Path) -> None:
+    ports = plan_ports(workdir, 2, 24100)
+    proc = start_local(["--nodes", "2", "--port-base", "24100", "chief.py", "exit", "3"], workdir)
+    out, _ = proc.communicate(timeout=120)
+    lines = meaningful(out)
+    assert proc.returncode == 3, out
+    assert "[local0 chief:0] role chief 0 workers 2 ps 2" in lines
+    for name in ("ps:0", "ps:1", "worker:0", "worker:1"):
+        assert any(line.startswith(f"[local") and f" {name}] serving {name}" in line for line in lines), name
+    assert any("chief:0 on local0 finished with exit code 3" in line for line in lines)
+    assert not listening_ports() & ports, "a port of the job is still listening"
+
+
+def test_killed_worker_stops_the_job_with_one_line(workdir: Path) -> None:
+    proc = start_local(["--nodes", "2", "--port-base", "24200", "chief.py", "wait", str(workdir / "unused")], workdir)
+    try:
+        assert wait_for(lambda: alive(processes_with_env("KERAS_DISTRIB_TASK", "chief:0", proc.pid)), 90), "chief never started"
+        children = {t: alive(processes_with_env("KERAS_DISTRIB_TASK", t, proc.pid)) for t in ("chief:0", "ps:0", "ps:1", "worker:0", "worker:1")}
+        servers = children["worker:1"]
+        assert len(servers) == 1
+        killed_at = time.monotonic()
+        subprocess.run(["kill", "-9", str(servers[0])], check=True)
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    errors = [line for line in meaningful(out) if "error:" in line]
+    assert errors == ["[local0 agent] keras_distrib: error: worker:1 on local1 exited unexpectedly with signal 9 (SIGKILL); stopping the job."], out
+    assert proc.returncode == 128 + 9
+    assert took < 20
+    assert not alive([pid for pids in children.values() for pid in pids])
+
+
+def test_signals_are_forwarded_and_end_the_job(workdir: Path) -> None:
+    notes = workdir / "signals.txt"
+    proc = start_local(["--nodes", "1", "--port-base", "24300", "chief.py", "wait", str(notes)], workdir)
+    try:
+        assert wait_for(lambda: alive(processes_with_env("KERAS_DISTRIB_TASK", "chief:0", proc.pid)), 90)
+        time.sleep(1)  # let the chief install its handlers after the import
+        proc.send_signal(signal.SIGUSR1)
+        assert wait_for(lambda: notes.exists() and "SIGUSR1" in notes.read_text(), 20)
+        servers = alive(processes_with_env("KERAS_DISTRIB_TASK", "ps:0", proc.pid))
+        assert servers, "SIGUSR1 must not kill the TF servers"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert notes.read_text().split() == ["SIGUSR1", "SIGTERM"]
+    assert proc.returncode == 7, out
+    assert not alive(servers)
+
+
+def test_missing_agent_is_named_after_the_startup_timeout(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("job_id: '77'\nhosts: [localhost, ghost-node]\n")
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "keras_distrib", "--startup-timeout", "2", "--port-base", "24400", "--check"],
+        cwd=tmp_path, env=launcher_env(KERAS_DISTRIB_HOSTS_FILE=str(hosts), KERAS_DISTRIB_RANK="0"),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1
+    assert "agents on ghost-node did not connect" in out.stderr and "HINT:" in out.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_unreachable_first_node_is_named(tmp_path: Path) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("job_id: '78'\nhosts: [localhost, other]\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "keras_distrib", "--startup-timeout", "2", "--port-base", "24500", "--check"],
+        cwd=tmp_path, env=launcher_env(KERAS_DISTRIB_HOSTS_FILE=str(hosts), KERAS_DISTRIB_RANK="1"),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 1
+    assert "cannot reach the first node's agent at localhost:24503" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--nodes", "2", "missing_script.py"], "SCRIPT 'missing_script.py' does not exist"),
+        (["--nodes", "2", "--protocol", "grpc+verbs", "--check"], "GRPC_SERVER"),
+        (["--nodes", "2", "--interface", "nosuch0", "--check"], "--interface 'nosuch0' does not exist"),
+    ],
+)
+def test_bad_requests_fail_before_starting_anything(tmp_path: Path, args: list[str], expected: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "keras_distrib.local", *args],
+        cwd=tmp_path, env=launcher_env(), capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 2, out.stderr
+    assert expected in out.stderr and "HINT:" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert "serving" not in out.stdout

@@ -1,0 +1,282 @@
+"""Asynchronous parameter-server trainer on a real in-machine cluster (2 ps, 2 workers).
+
+One cluster is shared by the whole module: a process connects to one cluster only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trainer_cluster import REPO, PsCluster
+
+pytestmark = pytest.mark.local
+
+sys.path.insert(0, str(REPO / "examples"))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    c = PsCluster(num_workers=2, num_ps=2).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def strategy(cluster: PsCluster) -> Any:
+    return cluster.strategy()
+
+
+@pytest.fixture(scope="module")
+def digits() -> tuple[Any, Any, Any, Any]:
+    from digits_distrib import load
+
+    return load(0)
+
+
+def mlp(lr: float = 0.003) -> Any:
+    from digits_distrib import make_model
+
+    return make_model(lr)
+
+
+def build(strategy: Any, fn: Any = mlp) -> Any:
+    from keras_distrib.trainers import placement
+
+    return placement.build(fn, strategy)
+
+
+def local_eval(model: Any, x: Any, y: Any) -> dict[str, float]:
+    """Loss/accuracy computed on the chief (reads the ps variables), for exact checks."""
+    p = np.asarray(model(x, training=False))
+    loss = float(np.mean(-np.log(np.clip(p[np.arange(len(y)), y], 1e-7, 1.0))))
+    return {"loss": loss, "accuracy": float(np.mean(p.argmax(-1) == y))}
+
+
+def test_variables_balanced_by_size_not_round_robin(strategy: Any) -> None:
+    from keras_distrib.trainers.placement import plan_placement, ps_loads
+
+    model = build(strategy)
+    sizes = [int(np.prod(v.shape)) for v in model.variables]
+    devices = [v.value.device for v in model.variables]
+    plan = plan_placement(sizes, 2)
+    assert [f"/job:ps/replica:0/task:{p}/device:CPU:0" for p in plan] == devices
+    loads = sorted(ps_loads(model.variables).values())
+    assert len(loads) == 2 and loads[1] / loads[0] < 1.1, loads  # round-robin: 17024 vs 202
+    kernels = [v.value.device for v in model.variables if v.path.endswith("kernel")]
+    assert len(set(kernels)) == 2  # round-robin puts every kernel on ps0
+    slots = {v.path: v.value.device for v in model.optimizer.variables}
+    for v in model.trainable_variables:  # Adam slots sit with their variable
+        name = v.path.replace("/", "_")
+        assert any(dev == v.value.device for key, dev in slots.items() if name in key)
+
+
+class Recorder:
+    """Custom callback recording what fit() reports."""
+
+    def __new__(cls) -> Any:
+        import keras
+
+        class _Recorder(keras.callbacks.Callback):
+            def __init__(self) -> None:
+                super().__init__()
+                self.epoch_logs: list[dict[str, float]] = []
+                self.batches: list[int] = []
+                self.began = self.ended = False
+
+            def on_train_begin(self, logs: Any = None) -> None:
+                self.began = True
+
+            def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+                self.batches.append(batch)
+                assert "loss" in logs
+
+            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                self.epoch_logs.append(dict(logs))
+
+            def on_train_end(self, logs: Any = None) -> None:
+                self.ended = True
+
+        return _Recorder()
+
+
+def test_fit_callbacks_logs_and_exact_step(strategy: Any, digits: Any, tmp_path: Path) -> None:
+    import keras
+
+    import keras_distrib
+
+    x_train, x_test, y_train, y_test = digits
+    model = build(strategy)
+    rec = Recorder()
+    cbs = [
+        keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras"), monitor="val_loss", save_best_only=True),
+        keras.callbacks.EarlyStopping(monitor="val_loss", patience=50),
+        keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+        keras.callbacks.TensorBoard(str(tmp_path / "tb")),
+        rec,
+    ]
+    history = keras_distrib.fit(
+        model, (x_train, y_train), epochs=3, batch_size=32, callbacks=cbs,
+        validation_data=(x_test, y_test), steps_per_execution=10, verbose=0, strategy=strategy,
+    )
+    steps = int(np.ceil(len(x_train) / 32))  # 45: every example once per epoch
+    assert set(history.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert len(history.history["loss"]) == 3
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert rec.began and rec.ended and len(rec.epoch_logs) == 3
+    assert rec.epoch_logs[-1]["val_accuracy"] == history.history["val_accuracy"][-1]
+    # Batch hooks at closure granularity: index of each closure's last step.
+    assert rec.batches[:5] == [9, 19, 29, 39, 44]
+    trainer = model._keras_distrib_trainer
+    assert int(trainer.global_step.numpy()) == 3 * steps
+    assert int(model.optimizer.iterations.numpy()) == 3 * steps  # synced at epoch end
+    # Validation logs are exact: every test example evaluated once, matching a local pass.
+    ref = local_eval(model, x_test, y_test)
+    assert history.history["val_accuracy"][-1] == pytest.approx(ref["accuracy"], abs=1e-6)
+    assert history.history["val_loss"][-1] == pytest.approx(ref["loss"], rel=1e-4)
+    rows = list(csv.DictReader(open(tmp_path / "log.csv")))
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2] and "val_accuracy" in rows[0]
+    assert any(p.name.startswith("events") for p in (tmp_path / "tb").rglob("*"))
+    assert (tmp_path / "best.keras").exists()
+
+
+def test_disjoint_shards_every_example_once(cluster: PsCluster, strategy: Any) -> None:
+    """Record the sample ids each closure saw: one shard per worker, none dropped (1001/2)."""
+    import tensorflow as tf
+
+    from keras_distrib import data as kd
+    from keras_distrib.trainers.ps_async import PerWorkerInput
+
+    coord = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    ids = np.arange(1001, dtype=np.int64)
+    inp = PerWorkerInput(coord, kd.as_source((ids, ids)), batch_size=10, shuffle=True, seed=1, repeat=False)
+
+    @tf.function
+    def take(iterator: Any) -> Any:
+        opt = iterator.get_next_as_optional()
+        if opt.has_value():
+            return opt.get_value()[0]
+        return tf.zeros([0], tf.int64)
+
+    # More closures than batches: whichever worker gets them, every shard is drained.
+    rvs = [coord.schedule(take, args=(inp.iterator,)) for _ in range(2 * 101 + 20)]
+    coord.join()
+    batches = [np.asarray(r.fetch()) for r in rvs]
+    seen = np.concatenate(batches)
+    assert sorted(seen.tolist()) == ids.tolist()  # disjoint (no repeats) and complete
+    residues = [set((b % 2).tolist()) for b in batches if len(b)]
+    assert all(len(r) == 1 for r in residues)  # each batch from a single worker's shard
+    assert {r.pop() for r in residues} == {0, 1}  # both workers fed their own shard
+    assert sum(1 for b in batches if len(b) and len(b) < 10) == 2  # 501 and 500: short tails kept
+
+
+def test_evaluate_uneven_exact(strategy: Any, digits: Any) -> None:
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
+    x, y = x_train[:1001], y_train[:1001]
+    model = build(strategy)
+    keras_distrib.fit(model, (x, y), epochs=1, batch_size=10, verbose=0, strategy=strategy)
+    assert int(model._keras_distrib_trainer.global_step.numpy()) == 101
+    logs = keras_distrib.evaluate(model, (x, y), batch_size=7, strategy=strategy)
+    ref = local_eval(model, x, y)
+    assert logs["accuracy"] == pytest.approx(ref["accuracy"], abs=1e-6)
+    assert logs["loss"] == pytest.approx(ref["loss"], rel=1e-4)
+
+
+def test_save_keras_loads_in_plain_process(strategy: Any, digits: Any, tmp_path: Path) -> None:
+    import keras_distrib
+
+    x_train, x_test, y_train, _ = digits
+    model = build(strategy)
+    keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy)
+    path = tmp_path / "model.keras"
+    model.save(str(path))
+    np.save(tmp_path / "x.npy", x_test[:20])
+    expected = np.asarray(model(x_test[:20], training=False))
+    code = (
+        "import sys, numpy as np, keras\n"
+        "m = keras.saving.load_model(sys.argv[1])\n"
+        "np.save(sys.argv[3], m.predict(np.load(sys.argv[2]), verbose=0))\n"
+    )
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    subprocess.run([sys.executable, "-c", code, str(path), str(tmp_path / "x.npy"), str(tmp_path / "p.npy")],
+                   check=True, env=env, timeout=120, capture_output=True)
+    np.testing.assert_allclose(np.load(tmp_path / "p.npy"), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_resume_restores_weights_optimizer_and_step(strategy: Any, digits: Any, tmp_path: Path) -> None:
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
+    ckpt = str(tmp_path / "ckpt")
+    first = build(strategy)
+    keras_distrib.fit(first, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy, checkpoint_dir=ckpt)
+    weights = [np.asarray(v.value) for v in first.variables]
+    slots = [np.asarray(v.value) for v in first.optimizer.variables]
+    step = int(first._keras_distrib_trainer.global_step.numpy())
+    assert step == 45
+
+    second = build(strategy)
+    history = keras_distrib.fit(second, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy, checkpoint_dir=ckpt)
+    assert history.history == {}  # epoch 0 already done: nothing retrained
+    for a, b in zip(weights, second.variables):
+        np.testing.assert_array_equal(a, np.asarray(b.value))
+    for a, b in zip(slots, second.optimizer.variables):
+        np.testing.assert_array_equal(a, np.asarray(b.value))
+    assert int(second._keras_distrib_trainer.global_step.numpy()) == step
+    keras_distrib.fit(second, (x_train, y_train), epochs=2, batch_size=32, verbose=0, strategy=strategy, checkpoint_dir=ckpt)
+    assert int(second._keras_distrib_trainer.global_step.numpy()) == 2 * step
+    assert int(second.optimizer.iterations.numpy()) == 2 * step
+
+
+def test_converges_like_single_process(strategy: Any, digits: Any) -> None:
+    """Async PS with 2 workers within 1 point of single-process accuracy (same epochs/batch)."""
+    import keras
+
+    import keras_distrib
+
+    x_train, x_test, y_train, y_test = digits
+    epochs, batch = 15, 32
+    keras.utils.set_random_seed(0)
+    single = mlp(1e-3)
+    single.fit(x_train, y_train, epochs=epochs, batch_size=batch, verbose=0)
+    single_acc = float(single.evaluate(x_test, y_test, verbose=0, return_dict=True)["accuracy"])
+
+    model = build(strategy, lambda: mlp(1e-3))
+    keras_distrib.fit(model, (x_train, y_train), epochs=epochs, batch_size=batch, verbose=0, strategy=strategy)
+    dist_acc = keras_distrib.evaluate(model, (x_test, y_test), strategy=strategy)["accuracy"]
+    print(json.dumps({"single": single_acc, "ps_async": dist_acc}))
+    assert single_acc > 0.95
+    assert abs(dist_acc - single_acc) <= 0.01 + 1e-9, (single_acc, dist_acc)
+
+
+def test_errors_outside_job_and_wrong_layout(strategy: Any) -> None:
+    import keras
+
+    import keras_distrib
+    from keras_distrib.trainers import AllReduceTrainer, TrainerError
+
+    plain = mlp()  # no strategy scope
+    with pytest.raises(TrainerError, match=r"keras_distrib\.local --nodes 2.*HINT") as info:
+        keras_distrib.fit(plain, (np.zeros((4, 64), "float32"), np.zeros(4, "int32")))
+    assert "HINT:" in str(info.value)
+    model = build(strategy)
+    with pytest.raises(TrainerError, match="allreduce"):
+        AllReduceTrainer(model, strategy)
+    with strategy.scope():
+        bad = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    bad.compile(keras.optimizers.SGD(), "mse")  # optimizer created outside the scope
+    with pytest.raises(TrainerError, match="optimizer was created outside"):
+        keras_distrib.fit(bad, (np.zeros((4, 64), "float32"), np.zeros((4, 10), "float32")), strategy=strategy)

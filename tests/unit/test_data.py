@@ -1,0 +1,102 @@
+"""Unit tests of keras_distrib.data sharding (policy: element i -> shard i % k)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from keras_distrib import data as kd
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("n,k", [(1001, 2), (1001, 3), (10, 3), (2, 3), (12, 4)])
+def test_shard_sizes_cover_everything(n: int, k: int) -> None:
+    sizes = kd.shard_sizes(n, k)
+    assert sum(sizes) == n
+    assert max(sizes) - min(sizes) <= 1
+    assert sizes == sorted(sizes, reverse=True)  # the first n % k shards get the extra one
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_shard_arrays_disjoint_complete(k: int) -> None:
+    ids = np.arange(1001)
+    x = ids.astype("float32")[:, None] * np.ones((1, 3), "float32")
+    shards = [kd.shard_arrays((x, ids), i, k) for i in range(k)]
+    seen = np.concatenate([s[1] for s in shards])
+    assert sorted(seen.tolist()) == ids.tolist()  # disjoint and nothing dropped
+    assert [len(s[1]) for s in shards] == kd.shard_sizes(1001, k)
+    for xs, ys in shards:
+        assert np.array_equal(xs[:, 0], ys.astype("float32"))  # x and y stay aligned
+
+
+def test_shard_arrays_dict_and_bad_index() -> None:
+    out = kd.shard_arrays({"a": np.arange(5), "b": np.arange(5) * 2}, 1, 2)
+    assert out["a"].tolist() == [1, 3] and out["b"].tolist() == [2, 6]
+    with pytest.raises(ValueError):
+        kd.shard_arrays(np.arange(5), 2, 2)
+
+
+def test_shard_files_sorted_and_too_few() -> None:
+    files = [f"f{i}.tfrecord" for i in (3, 0, 2, 1, 4)]
+    assert kd.shard_files(files, 0, 2) == ["f0.tfrecord", "f2.tfrecord", "f4.tfrecord"]
+    assert kd.shard_files(files, 1, 2) == ["f1.tfrecord", "f3.tfrecord"]
+    with pytest.raises(ValueError, match="HINT"):
+        kd.shard_files(files[:2], 0, 3)
+
+
+def test_steps_for_sees_every_example() -> None:
+    assert kd.steps_for(1001, 10) == 101
+    assert kd.steps_for(1000, 10) == 100
+    assert kd.steps_for(3, 10) == 1
+
+
+def test_self_loading_random_slices_disjoint() -> None:
+    calls = []
+
+    def load(rank: int, k: int):
+        calls.append((rank, k))
+        ids = np.arange(100)
+        return ids, ids * 10
+
+    src = kd.self_loading(load, seed=7)
+    parts = [src.arrays_for(r, 3) for r in range(3)]
+    got = np.concatenate([p[0] for p in parts])
+    assert sorted(got.tolist()) == list(range(100))
+    assert all(np.array_equal(p[1], p[0] * 10) for p in parts)
+    assert parts[0][0].tolist() != list(range(0, 100, 3))  # random, not strided
+    assert calls == [(0, 3), (1, 3), (2, 3)]
+    again = kd.self_loading(load, seed=7).arrays_for(1, 3)
+    assert np.array_equal(again[0], parts[1][0])  # same seed on every worker -> same slices
+
+
+def test_worker_rank_from_tf_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1", "b:2", "c:3"]}, "task": {"type": "worker", "index": 2}}')
+    assert kd.worker_rank() == (2, 3)
+    monkeypatch.delenv("TF_CONFIG")
+    assert kd.worker_rank() == (0, 1)
+
+
+def test_pipeline_shards_shuffles_per_worker_and_keeps_remainder() -> None:
+    src = kd.as_source((np.arange(1001), np.arange(1001)))
+    batches = {}
+    for i in range(2):
+        ds = kd.pipeline(src, i, 2, batch_size=64, shuffle=True, seed=3, repeat=False)
+        batches[i] = [b[0].numpy() for b in ds]
+    ids = {i: np.concatenate(b) for i, b in batches.items()}
+    assert sorted(np.concatenate(list(ids.values())).tolist()) == list(range(1001))
+    assert all(set(ids[i] % 2) == {i} for i in ids)
+    assert len(batches[0][-1]) == 501 - 64 * 7  # short last batch kept, not dropped
+    # Different seeds per worker: the orders are not the same stride pattern.
+    assert not np.array_equal(ids[0][:20] // 2, ids[1][:20] // 2)
+    again = np.concatenate([b[0].numpy() for b in kd.pipeline(src, 0, 2, batch_size=64, shuffle=True, seed=3, repeat=False)])
+    assert sorted(again.tolist()) == sorted(ids[0].tolist())
+
+
+def test_dataset_source_shards_batches() -> None:
+    import tensorflow as tf
+
+    src = kd.as_source(tf.data.Dataset.range(10).batch(3))
+    assert src.batched and src.num_examples == 4
+    first = [b.numpy().tolist() for b in src.shard(0, 2)]
+    assert first == [[0, 1, 2], [6, 7, 8]]

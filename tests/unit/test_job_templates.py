@@ -1,0 +1,219 @@
+"""The job scripts in scripts/: golden copies, shell syntax, and what they actually run.
+
+A template change must be deliberate: the test compares each one with its copy in
+tests/unit/golden/. After an intended change, rewrite the copies and review the diff:
+
+    KERAS_DISTRIB_UPDATE_GOLDEN=1 python -m pytest tests/unit/test_job_templates.py
+
+The templates are also run with bash against stub ``srun``/``pbsdsh``/``qrsh`` commands
+that record their argv, to prove that SCRIPT and its arguments pass through unchanged,
+that $PYTHON is honoured and that the job keeps the launcher's exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent / "golden"
+UPDATE_VAR = "KERAS_DISTRIB_UPDATE_GOLDEN"
+BASH = shutil.which("bash")
+
+
+@dataclass(frozen=True)
+class Template:
+    path: str          # relative to the repository
+    module: str        # entry module the agents run
+    layout: str
+    directive: str     # scheduler directive prefix
+
+    @property
+    def file(self) -> Path:
+        return REPO / self.path
+
+    @property
+    def golden(self) -> Path:
+        return GOLDEN / Path(self.path).name
+
+
+TEMPLATES = [
+    Template("scripts/sbatch/ps-per-node.sbatch", "keras_distrib.slurm", "ps-per-node", "#SBATCH"),
+    Template("scripts/sbatch/worker-per-gpu.sbatch", "keras_distrib.slurm", "worker-per-gpu", "#SBATCH"),
+    Template("scripts/sbatch/allreduce.sbatch", "keras_distrib.slurm", "allreduce", "#SBATCH"),
+    Template("scripts/pbs/ps-per-node.pbs", "keras_distrib.pbs", "ps-per-node", "#PBS"),
+    Template("scripts/sge/ps-per-node.sge", "keras_distrib.sge", "ps-per-node", "#$"),
+]
+SLURM = [t for t in TEMPLATES if t.module == "keras_distrib.slurm"]
+IDS = [Path(t.path).name for t in TEMPLATES]
+needs_bash = pytest.mark.skipif(BASH is None, reason="bash is not installed")
+
+
+def commands(text: str) -> list[str]:
+    """The script's non-comment lines, with backslash continuations joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=IDS)
+def test_matches_golden_copy(template: Template) -> None:
+    text = template.file.read_text()
+    if os.environ.get(UPDATE_VAR) == "1":
+        GOLDEN.mkdir(exist_ok=True)
+        template.golden.write_text(text)
+        pytest.skip(f"{UPDATE_VAR}=1: rewrote {template.golden.relative_to(REPO)}")
+    assert template.golden.is_file(), f"no golden copy; run with {UPDATE_VAR}=1 to create it"
+    assert text == template.golden.read_text(), (
+        f"{template.path} differs from {template.golden.relative_to(REPO)}; if the change is intended, "
+        f"rerun with {UPDATE_VAR}=1 and review the diff"
+    )
+
+
+def test_every_golden_copy_has_a_template() -> None:
+    assert sorted(p.name for p in GOLDEN.iterdir()) == sorted(IDS)
+
+
+@needs_bash
+@pytest.mark.parametrize("template", TEMPLATES, ids=IDS)
+def test_shell_syntax(template: Template) -> None:
+    p = subprocess.run([BASH, "-n", str(template.file)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert template.file.read_text().startswith("#!/bin/bash\n")
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=IDS)
+def test_structure(template: Template) -> None:
+    text = template.file.read_text()
+    lines = text.splitlines()
+    active = [line for line in lines if line.startswith(template.directive + " ")]
+    disabled = [line for line in lines if line.startswith("#" + template.directive + " ")]
+    assert active, f"no active {template.directive} resource line"
+    assert disabled, f"no commented-out {template.directive} example line"
+    assert any("#" in line[len(template.directive):] for line in active), "explain the resource lines"
+    # The launch: the right entry module and layout, the user's arguments passed through.
+    launch = [c for c in commands(text) if f"-m {template.module} --layout {template.layout}" in c]
+    assert len(launch) == 1, f"expected one launch of {template.module} --layout {template.layout}"
+    assert '"$@"' in launch[0]
+    assert "${PYTHON:-python}" in text, "the PYTHON variable must choose the interpreter"
+
+
+@pytest.mark.parametrize("template", SLURM, ids=[Path(t.path).name for t in SLURM])
+def test_slurm_specifics(template: Template) -> None:
+    text = template.file.read_text()
+    srun = [c for c in commands(text) if c.startswith("srun ")]
+    assert len(srun) == 1 and "--ntasks-per-node=1" in srun[0].split()
+    assert "#SBATCH --ntasks-per-node=1" in text
+    preempt = [line for line in text.splitlines() if "--signal=USR1@120" in line]
+    assert preempt == ["##SBATCH --signal=USR1@120"], "a commented preemption line"
+    before = text[: text.index(preempt[0])]
+    assert "SIGUSR1" in before.split("#SBATCH --output")[-1], "the preemption line needs its explanation"
+
+
+# -- running the templates against stub launchers --------------------------------------------
+
+RECORDER = textwrap.dedent(
+    """\
+    #!/bin/bash
+    # Stub: append "name<TAB>arg<TAB>arg..." to $RECORD in one write, then exit $STUB_RC.
+    line=$(printf '\\t%s' "$@")
+    printf '%s%s\\n' "{name}" "$line" >> "$RECORD"
+    exit "${{STUB_RC:-0}}"
+    """
+)
+ARGS = ["train.py", "--epochs", "3", "--note", "two words"]
+
+
+def stub(bindir: Path, name: str, body: str | None = None) -> Path:
+    path = bindir / name
+    path.write_text(body if body is not None else RECORDER.format(name=name))
+    path.chmod(0o755)
+    return path
+
+
+def run_template(template: Template, tmp_path: Path, env: dict[str, str], args: list[str], rc: int) -> tuple[int, list[list[str]], str]:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    record = tmp_path / "record.txt"
+    record.write_text("")
+    for name in ("srun", "pbsdsh", "qrsh", "mypython"):
+        stub(bindir, name)
+    full_env = {
+        "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(tmp_path),
+        "RECORD": str(record),
+        "STUB_RC": str(rc),
+        "PYTHON": str(bindir / "mypython"),
+        **env,
+    }
+    p = subprocess.run([BASH, str(template.file), *args], env=full_env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    calls = [line.split("\t") for line in record.read_text().splitlines()]
+    return p.returncode, calls, p.stderr
+
+
+@needs_bash
+@pytest.mark.parametrize("template", SLURM, ids=[Path(t.path).name for t in SLURM])
+@pytest.mark.parametrize("rc", [0, 3])
+def test_sbatch_runs_srun_with_the_arguments(template: Template, tmp_path: Path, rc: int) -> None:
+    env = {"SLURM_JOB_NUM_NODES": "3", "SLURM_CPUS_PER_TASK": "2"}
+    code, calls, err = run_template(template, tmp_path, env, ARGS, rc)
+    assert code == rc, err
+    python = str(tmp_path / "bin" / "mypython")
+    assert calls == [[
+        "srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--cpus-per-task=2",
+        python, "-m", "keras_distrib.slurm", "--layout", template.layout, *ARGS,
+    ]]
+
+
+@needs_bash
+@pytest.mark.parametrize("rc", [0, 3])
+def test_pbs_runs_one_agent_per_node(tmp_path: Path, rc: int) -> None:
+    template = next(t for t in TEMPLATES if t.module == "keras_distrib.pbs")
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("n1\nn1\nn2\nn2\nn3\nn3\n")  # one line per slot
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = {"PBS_NODEFILE": str(nodefile), "PBS_O_WORKDIR": str(workdir)}
+    code, calls, err = run_template(template, tmp_path, env, ARGS, rc)
+    assert code == rc, err
+    python = str(tmp_path / "bin" / "mypython")
+    agent = [python, "-m", "keras_distrib.pbs", "--layout", "ps-per-node", *ARGS]
+    remote = sorted(c for c in calls if c[0] == "pbsdsh")
+    # The first node's agent is the job script itself; pbsdsh starts the other nodes' first slot.
+    assert remote == [
+        ["pbsdsh", "-n", vnode, "--", "/bin/bash", "-c", 'cd "$1" && shift && exec "$@"', "agent", str(workdir), *agent]
+        for vnode in ("2", "4")
+    ]
+    assert [c for c in calls if c[0] == "mypython"] == [["mypython", *agent[1:]]]
+
+
+@needs_bash
+def test_pbs_takes_arguments_from_train_variable(tmp_path: Path) -> None:
+    template = next(t for t in TEMPLATES if t.module == "keras_distrib.pbs")
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("n1\n")
+    env = {"PBS_NODEFILE": str(nodefile), "PBS_O_WORKDIR": str(tmp_path), "TRAIN": "train.py --epochs 3"}
+    code, calls, err = run_template(template, tmp_path, env, [], 0)
+    assert code == 0, err
+    assert calls == [["mypython", "-m", "keras_distrib.pbs", "--layout", "ps-per-node", "train.py", "--epochs", "3"]]
+
+
+@needs_bash
+@pytest.mark.parametrize("rc", [0, 3])
+def test_sge_runs_one_agent_per_host(tmp_path: Path, rc: int) -> None:
+    template = next(t for t in TEMPLATES if t.module == "keras_distrib.sge")
+    hostfile = tmp_path / "pe_hostfile"
+    hostfile.write_text("n1 1 all.q@n1 UNDEFINED\nn2 1 all.q@n2 UNDEFINED\nn3 1 all.q@n3 UNDEFINED\n")
+    code, calls, err = run_template(template, tmp_path, {"PE_HOSTFILE": str(hostfile)}, ["train.py", "--epochs", "3"], rc)
+    assert code == rc, err
+    python = str(tmp_path / "bin" / "mypython")
+    assert sorted(calls) == [
+        ["qrsh", "-inherit", "-V", host, python, "-m", "keras_distrib.sge", "--layout", "ps-per-node", "train.py", "--epochs", "3"]
+        for host in ("n1", "n2", "n3")
+    ]
