@@ -38,6 +38,7 @@ CHIEF_SCRIPT = textwrap.dedent(
             sys.exit(7)
     signal.signal(signal.SIGUSR1, note)
     signal.signal(signal.SIGTERM, note)
+    open(sys.argv[2] + ".ready", "w").close()
     print("waiting", flush=True)
     time.sleep(120)
     """
@@ -97,8 +98,7 @@ def test_signals_are_forwarded_and_end_the_job(workdir: Path) -> None:
     notes = workdir / "signals.txt"
     proc = start_local(["--nodes", "1", "--port-base", "24300", "chief.py", "wait", str(notes)], workdir)
     try:
-        assert wait_for(lambda: alive(processes_with_env("KERAS_DISTRIB_TASK", "chief:0", proc.pid)), 90)
-        time.sleep(1)  # let the chief install its handlers after the import
+        assert wait_for(Path(f"{notes}.ready").exists, 90), "the chief never installed its handlers"
         proc.send_signal(signal.SIGUSR1)
         assert wait_for(lambda: notes.exists() and "SIGUSR1" in notes.read_text(), 20)
         servers = alive(processes_with_env("KERAS_DISTRIB_TASK", "ps:0", proc.pid))

@@ -99,8 +99,8 @@ with strategy.scope():
 def total():
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
 
-print(f"{info.job}:{info.index} {type(strategy).__name__} replicas {strategy.num_replicas_in_sync} "
-      f"sum {float(total()):.0f}", flush=True)
+mwms = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+print(f"{info.job}:{info.index} mwms={mwms} replicas {strategy.num_replicas_in_sync} sum {float(total()):.0f}", flush=True)
 '''
 
 
@@ -380,6 +380,6 @@ def test_allreduce_layout(slurm_cluster: SlurmTestCluster, work: Path) -> None:
     assert p.returncode == 0, out
     lines = meaningful(p.stdout)
     for i, node in enumerate(NODES[:2]):
-        assert f"[{node} worker:{i}] worker:{i} MultiWorkerMirroredStrategy replicas 2 sum 2" in lines, out
+        assert f"[{node} worker:{i}] worker:{i} mwms=True replicas 2 sum 2" in lines, out
     assert error_lines(out) == []
     assert_nothing_left(slurm_cluster)

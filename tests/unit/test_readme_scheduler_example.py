@@ -66,3 +66,11 @@ def test_example_registered_through_the_entry_point(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert (plan["scheduler"], plan["nodes"]) == ("acme", ["gpu01", "gpu02", "gpu03"])
+
+
+def test_readme_shows_the_tested_example() -> None:
+    """The README's code block is the example file's code, so the documentation is tested."""
+    readme = (REPO / "README.md").read_text()
+    code = EXAMPLE.read_text()
+    body = code[code.index("from cluster_parsers"):].rstrip("\n")
+    assert f"```python\n{body}\n```" in readme
