@@ -4,8 +4,8 @@ One agent runs per node (or per task in per-role mode, or one for everything in 
 mode). Agent 0 runs on the chief's node; the others connect to it over the control
 channel (keras_distrib.control). The rules:
 
-* start-up: agent 0 waits for every agent, then for every TF server to listen, then starts
-  the script; whatever is missing after --startup-timeout is named in one line;
+* start-up: agent 0 waits for every agent to connect, then all start their processes at
+  once; an agent or TF server still missing after --startup-timeout is named in one line;
 * normal end: when the script ends (the chief, or all allreduce workers), every process on
   every node is stopped and agent 0 exits with the script's exit code;
 * failure: any process dying unexpectedly stops the whole job with one line naming it;
@@ -32,7 +32,7 @@ from .children import Child, child_env, describe_exit, shell_exit_code, spawn
 from .network import interface_ipv4, wait_reachable
 from .options import Options
 from .plan import CHIEF, Plan, Process, build_plan, process_for_task
-from .servers import PROTOCOL_VAR, require_protocol
+from .servers import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR, require_protocol
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # How long an agent with no script waits for agent 0's stop order after SIGTERM/SIGINT.
@@ -115,6 +115,10 @@ class Agent:
         for proc in procs:
             env = child_env(os.environ, plan_json, json.dumps(self.plan.tf_config(proc)), proc, self.plan.layout)
             env[PROTOCOL_VAR] = self.plan.protocol
+            env[STARTUP_TIMEOUT_VAR] = str(self.options.startup_timeout)
+            if self.options.interface and self.plan.layout == "allreduce":
+                # NCCL's bootstrap and socket transport use the same network (unless set).
+                env.setdefault("NCCL_SOCKET_IFNAME", self.options.interface)
             self.children.append(
                 spawn(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit)
             )
@@ -158,11 +162,11 @@ class Agent:
             self.events.put(("peer", 0, message))
         self.events.put(("peer", 0, None))
 
-    def barrier(self) -> None:
-        """Agent 0: wait for every TF server of the plan to listen, then start the script."""
-        servers = [p for p in self.plan.processes if not self.runs_script(p) or self.plan.layout == "allreduce"]
+    def watch_startup(self) -> None:
+        """Agent 0: report the TF servers that do not listen within the start-up timeout."""
+        servers = [p for p in self.plan.processes if p.job != CHIEF]
         missing = wait_reachable([p.address for p in servers], self.options.startup_timeout)
-        self.events.put(("barrier", [p for p in servers if p.address in missing]))
+        self.events.put(("startup", [p for p in servers if p.address in missing]))
 
     # -- the event loop -----------------------------------------------------------
 
@@ -173,15 +177,12 @@ class Agent:
             say(self.spec.node, f"error: {exc}. HINT: start one agent per node "
                 "(srun --ntasks-per-node=1), check that node names resolve and the ports are open.")
             return 1
-        mine = self.my_processes()
-        if self.spec.agent_id == 0:
-            servers_first = [p for p in mine if not self.runs_script(p)]
-            self.start(servers_first)
-            if self.plan.layout == "allreduce" and not self.check:
-                self.start([p for p in mine if self.runs_script(p)])
-            threading.Thread(target=self.barrier, daemon=True).start()
-        else:
-            self.start(mine)
+        self.start(self.my_processes())
+        if self.spec.agent_id == 0 and not self.check:  # the check reports unreachable tasks itself
+            # The script starts at once, in parallel with the servers: TensorFlow's chief
+            # waits for its peers, and importing TensorFlow in parallel saves seconds.
+            # The watchdog turns a peer that never comes up into one clear line.
+            threading.Thread(target=self.watch_startup, daemon=True).start()
         return self.loop()
 
     def runs_any_script(self) -> bool:
@@ -208,17 +209,15 @@ class Agent:
             return self.on_peer(event[1], event[2])
         if kind == "signal":
             return self.on_signal(event[1])
-        if kind == "barrier":
-            return self.on_barrier(event[1])
+        if kind == "startup":
+            return self.on_startup(event[1])
         if kind == "stop-deadline":
             say(self.spec.node, f"no stop order from the first node within {ORPHAN_STOP_WAIT:.0f} s of the signal; stopping.")
             return shell_exit_code(-self.interrupted) if self.interrupted else 1
         raise AssertionError(kind)
 
-    def on_barrier(self, unreachable: list[Process]) -> int | None:
-        if self.stopping:
-            return None
-        if unreachable:
+    def on_startup(self, unreachable: list[Process]) -> int | None:
+        if unreachable and not self.stopping:
             listing = ", ".join(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
             return self.fail(
                 f"after {self.options.startup_timeout:.0f} s these TF servers are still unreachable: {listing}. "
@@ -226,8 +225,6 @@ class Agent:
                 "that no firewall blocks the ports, or pick the network with --interface",
                 1,
             )
-        if self.plan.layout != "allreduce" or self.check:
-            self.start([p for p in self.my_processes() if self.runs_script(p)])
         return None
 
     def on_child_exit(self, child: Child, code: int) -> int | None:

@@ -13,7 +13,9 @@ import sys
 import time
 from dataclasses import dataclass
 
+from .network import wait_reachable
 from .plan import CHIEF, Plan, Process
+from .servers import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ def format_table(rows: list[CheckRow]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
 
 
-def probe(tf: object, proc: Process, remote_devices: list[str], repeats: int = 5) -> CheckRow:
+def probe(proc: Process, remote_devices: list[str], repeats: int = 5) -> CheckRow:
     """Median round trip of a tiny op on ``proc``'s CPU, and the GPUs it exposes."""
     import tensorflow as tf
 
@@ -61,20 +63,30 @@ def probe(tf: object, proc: Process, remote_devices: list[str], repeats: int = 5
 
 
 def main() -> int:
-    plan = Plan.from_json(json.loads(os.environ["KERAS_DISTRIB_PLAN"]), os.environ.get("KERAS_DISTRIB_PROTOCOL", "grpc"))
+    plan = Plan.from_json(json.loads(os.environ["KERAS_DISTRIB_PLAN"]), os.environ.get(PROTOCOL_VAR, "grpc"))
+    tasks = [p for p in plan.processes if p.job != CHIEF]
+    print(f"cluster check: {plan.scheduler} job {plan.job_id}, layout {plan.layout}, {len(tasks)} task(s)")
+    timeout = float(os.environ.get(STARTUP_TIMEOUT_VAR, "180"))
+    unreachable = set(wait_reachable([p.address for p in tasks], timeout))
+    if unreachable:
+        # Connecting TensorFlow to a cluster with a dead task would block: report instead.
+        rows = [CheckRow(p, (), None, f"unreachable after {timeout:.0f} s" if p.address in unreachable else "not probed")
+                for p in tasks]
+        return report(rows)
     import tensorflow as tf
 
     spec = plan.cluster_spec()
-    if CHIEF not in spec:
-        spec[CHIEF] = [json.loads(os.environ["TF_CONFIG"])["cluster"].get(CHIEF, ["localhost:0"])[0]]
-        if spec[CHIEF][0].endswith(":0"):
-            spec[CHIEF] = [f"localhost:{plan.control_port() + 1}"]
+    # allreduce has no chief: the check joins as one, on the port the agent set aside.
+    spec.setdefault(CHIEF, [f"{plan.processes[0].host}:{plan.control_port() + 1}"])
     tf.config.experimental_connect_to_cluster(
         tf.train.ClusterSpec(spec), job_name=CHIEF, task_index=0, protocol=plan.protocol
     )
     devices = [d.name for d in tf.config.list_logical_devices()]
-    rows = [probe(tf, p, devices) for p in plan.processes if p.job != CHIEF]
-    print(f"cluster check: {plan.scheduler} job {plan.job_id}, layout {plan.layout}, {len(rows)} task(s)")
+    return report([probe(p, devices) for p in tasks])
+
+
+def report(rows: list[CheckRow]) -> int:
+    """Print the table and the summary; the exit code is 1 if any task failed."""
     print(format_table(rows))
     failed = [r for r in rows if not r.ok]
     print(f"{len(rows) - len(failed)} OK, {len(failed)} FAILED", flush=True)

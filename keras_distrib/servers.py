@@ -15,6 +15,7 @@ import sys
 from cluster_parsers import ClusterConfigError
 
 PROTOCOL_VAR = "KERAS_DISTRIB_PROTOCOL"
+STARTUP_TIMEOUT_VAR = "KERAS_DISTRIB_STARTUP_TIMEOUT"
 
 
 def protocol_error(protocol: str) -> str | None:

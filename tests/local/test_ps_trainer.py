@@ -277,7 +277,7 @@ def test_errors_outside_job_and_wrong_layout(strategy: Any) -> None:
     from keras_distrib.trainers import AllReduceTrainer, TrainerError
 
     plain = mlp()  # no strategy scope
-    with pytest.raises(TrainerError, match=r"keras_distrib\.local --nodes 2.*HINT") as info:
+    with pytest.raises(TrainerError, match=r"HINT: .*python -m keras_distrib\.local --nodes 2 SCRIPT") as info:
         keras_distrib.fit(plain, (np.zeros((4, 64), "float32"), np.zeros(4, "int32")))
     assert "HINT:" in str(info.value)
     model = build(strategy)

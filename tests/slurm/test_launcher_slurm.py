@@ -100,7 +100,8 @@ def total():
     return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None)
 
 mwms = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-print(f"{info.job}:{info.index} mwms={mwms} replicas {strategy.num_replicas_in_sync} sum {float(total()):.0f}", flush=True)
+print(f"{info.job}:{info.index} mwms={mwms} replicas {strategy.num_replicas_in_sync} sum {float(total()):.0f} "
+      f"workers {','.join(info.plan.cluster_spec()['worker'])} nccl_if {os.environ.get('NCCL_SOCKET_IFNAME')}", flush=True)
 '''
 
 
@@ -342,9 +343,14 @@ def node_interfaces(cluster: SlurmTestCluster, node: str) -> dict[str, str]:
     return {f[1]: f[3].split("/")[0] for f in (line.split() for line in p.stdout.splitlines())}
 
 
+def cluster_interface(cluster: SlurmTestCluster) -> str:
+    """The nodes' interface on the cluster network 10.200.0.0/24 (eth0 in the harness)."""
+    return next(name for name, ip in node_interfaces(cluster, "n1").items() if ip.startswith("10.200.0."))
+
+
 def test_interface_puts_its_addresses_in_the_plan(slurm_cluster: SlurmTestCluster, work: Path) -> None:
     addresses = {n: node_interfaces(slurm_cluster, n) for n in NODES}
-    iface = next(name for name, ip in addresses["n1"].items() if ip.startswith("10.200.0."))
+    iface = cluster_interface(slurm_cluster)
     p = slurm_cluster.head([*SRUN3, *LAUNCH, "--check", "--interface", iface], cwd=work, timeout=TIMEOUT)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = check_rows(p.stdout)
@@ -373,13 +379,20 @@ def test_missing_interface_lists_the_nodes_interfaces(slurm_cluster: SlurmTestCl
 
 
 def test_allreduce_layout(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    # With --interface too: the workers' addresses are IPs and NCCL is pointed at the interface.
+    iface = cluster_interface(slurm_cluster)
+    ips = [node_interfaces(slurm_cluster, n)[iface] for n in NODES[:2]]
     p = slurm_cluster.head(
-        ["srun", "-N2", "--ntasks-per-node=1", *LAUNCH, "--layout", "allreduce", "mwms.py"], cwd=work, timeout=TIMEOUT
+        ["srun", "-N2", "--ntasks-per-node=1", *LAUNCH, "--layout", "allreduce", "--interface", iface, "mwms.py"],
+        cwd=work, timeout=TIMEOUT,
     )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     lines = meaningful(p.stdout)
     for i, node in enumerate(NODES[:2]):
-        assert f"[{node} worker:{i}] worker:{i} mwms=True replicas 2 sum 2" in lines, out
+        (line,) = [line for line in lines if line.startswith(f"[{node} worker:{i}] worker:{i} ")]
+        assert line.startswith(f"[{node} worker:{i}] worker:{i} mwms=True replicas 2 sum 2 workers "), out
+        assert re.fullmatch(rf"{re.escape(ips[0])}:\d+,{re.escape(ips[1])}:\d+", line.split(" workers ")[1].split()[0]), line
+        assert line.endswith(f" nccl_if {iface}"), line
     assert error_lines(out) == []
     assert_nothing_left(slurm_cluster)
