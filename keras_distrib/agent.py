@@ -230,6 +230,14 @@ class Agent:
     def on_child_exit(self, child: Child, code: int) -> int | None:
         if self.stopping:
             return None
+        if self.interrupted and not child.runs_script:
+            # The SIGINT/SIGTERM this agent got (Slurm also signals every process of the
+            # step) ended it: expected, not a failure. Wait for a script that got it too.
+            if self.runs_any_script():
+                return None
+            if self.client is not None:
+                self.client.send({"failed": f"{child.label} ended after the signal", "code": shell_exit_code(code)})
+            return self.stop(shell_exit_code(-self.interrupted))
         if child.runs_script and (code == 0 or self.plan.layout != "allreduce" or self.interrupted):
             if code != 0 or self.interrupted:
                 say(self.spec.node, f"{child.label} finished with {describe_exit(code)}")
@@ -254,12 +262,16 @@ class Agent:
             return None
         if self.spec.agent_id != 0:
             if message is None:
+                if self.interrupted:  # agent 0 ended on the same signal
+                    return self.stop(shell_exit_code(-self.interrupted))
                 say(self.spec.node, f"error: lost contact with the first node's agent ({self.spec.agent_nodes[0]}); stopping.")
                 return self.stop(1)
             if "stop" in message:
                 return self.stop(0)
             return None
         if message is None:
+            if self.interrupted:  # that agent ended on the same signal; the script decides
+                return None
             return self.fail(f"the agent on {self.spec.agent_nodes[agent]} disconnected unexpectedly", 1)
         if "failed" in message:
             return self.stop(int(message.get("code") or 1))
