@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from typing import Any
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 
 def load(seed: int = 0) -> tuple[Any, Any, Any, Any]:
@@ -40,20 +36,6 @@ def make_model(lr: float = 0.003) -> Any:
     ])
     model.compile(keras.optimizers.Adam(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
-
-
-def get_strategy() -> Any:
-    """keras_distrib.strategy() in a launcher job; built from a bare TF_CONFIG otherwise."""
-    if "KERAS_DISTRIB_PLAN" in os.environ or "TF_CONFIG" not in os.environ:
-        import keras_distrib
-
-        return keras_distrib.strategy()  # raises a clear error outside a job
-    import tensorflow as tf
-
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    if "ps" in resolver.cluster_spec().as_dict():
-        return tf.distribute.experimental.ParameterServerStrategy(resolver)
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -82,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         import keras_distrib
         from keras_distrib.trainers import placement, trainer_for
 
-        strategy = get_strategy()
+        strategy = keras_distrib.strategy()
         model = placement.build(make_model, strategy)
         history = keras_distrib.fit(
             model, (x_train, y_train), epochs=args.epochs, batch_size=args.batch_size,

@@ -11,14 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from typing import Any
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
-
-from digits_distrib import get_strategy  # noqa: E402  (shared launcher glue)
 
 
 def load(synthetic: bool, n_synthetic: int = 6000) -> tuple[Any, Any, Any, Any]:
@@ -68,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from keras_distrib.trainers import placement, trainer_for
 
     x_train, y_train, x_test, y_test = load(args.synthetic)
-    strategy = get_strategy()
+    strategy = keras_distrib.strategy()
     model = placement.build(make_model, strategy)
     history = keras_distrib.fit(
         model, (x_train, y_train), epochs=args.epochs, batch_size=args.batch_size,

@@ -5,16 +5,21 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .plan import CHIEF, PS, WORKER, Plan
+from .plan import CHIEF, PS, WORKER, Plan, Process
 
 PLAN_VAR = "KERAS_DISTRIB_PLAN"
 
 
 class NotInJobError(RuntimeError):
     """Raised when a helper that needs a running job is called outside one."""
+
+
+class StrategyOrderError(RuntimeError):
+    """Raised when the all-reduce strategy is requested after TensorFlow already ran ops."""
 
 
 @dataclass(frozen=True)
@@ -43,18 +48,39 @@ class ClusterInfo:
         return len(self.plan.cluster_spec().get(PS, []))
 
 
-def cluster(environ: dict[str, str] | None = None) -> ClusterInfo:
-    """This process's role and the whole plan, from the variables the agent set."""
+def cluster(environ: Mapping[str, str] | None = None) -> ClusterInfo:
+    """This process's role and the whole plan, from the variables the agent set.
+
+    A bare TF_CONFIG (processes started by hand) also works: the plan is read from its
+    cluster, with the layout inferred (ps tasks -> ps-per-node, else allreduce).
+    """
     env = os.environ if environ is None else environ
-    if PLAN_VAR not in env or "TF_CONFIG" not in env:
+    if "TF_CONFIG" not in env:
         raise NotInJobError(
-            "not inside a keras_distrib job (KERAS_DISTRIB_PLAN / TF_CONFIG are not set). "
+            "not inside a keras_distrib job (TF_CONFIG and KERAS_DISTRIB_PLAN are not set). "
             "HINT: run the script through the launcher: python -m keras_distrib.local --nodes 2 SCRIPT "
             "(one machine) or srun --ntasks-per-node=1 python -m keras_distrib.slurm SCRIPT."
         )
-    task = json.loads(env["TF_CONFIG"])["task"]
-    plan = Plan.from_json(json.loads(env[PLAN_VAR]), env.get("KERAS_DISTRIB_PROTOCOL", "grpc"))
+    tf_config = json.loads(env["TF_CONFIG"])
+    task = tf_config["task"]
+    protocol = env.get("KERAS_DISTRIB_PROTOCOL", "grpc")
+    if PLAN_VAR in env:
+        plan = Plan.from_json(json.loads(env[PLAN_VAR]), protocol)
+    else:
+        plan = plan_from_cluster_spec(tf_config["cluster"], protocol)
     return ClusterInfo(plan, task["type"], int(task["index"]))
+
+
+def plan_from_cluster_spec(spec: Mapping[str, list[str]], protocol: str = "grpc") -> Plan:
+    """A plan describing a hand-written ClusterSpec, each host taken as a node."""
+    hosts = list(dict.fromkeys(address.rsplit(":", 1)[0] for addresses in spec.values() for address in addresses))
+    processes = []
+    for job in (CHIEF, PS, WORKER):
+        for index, address in enumerate(spec.get(job, [])):
+            host, port = address.rsplit(":", 1)
+            processes.append(Process(host, hosts.index(host), job, index, host, int(port), ()))
+    layout = "ps-per-node" if spec.get(PS) else "allreduce"
+    return Plan("tf_config", "", tuple(hosts), layout, protocol, tuple(processes))
 
 
 @functools.cache
@@ -78,10 +104,18 @@ def strategy() -> Any:
             if has_gpus
             else tf.distribute.experimental.CommunicationImplementation.AUTO
         )
-        return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver,
-            communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation),
-        )
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver,
+                communication_options=tf.distribute.experimental.CommunicationOptions(implementation=implementation),
+            )
+        except RuntimeError as exc:
+            if "at program startup" not in str(exc):
+                raise
+            raise StrategyOrderError(
+                "MultiWorkerMirroredStrategy must be created before any TensorFlow op runs in this process. "
+                "HINT: call keras_distrib.strategy() at the top of the script, before building datasets or tensors."
+            ) from None
     if info.job != CHIEF:
         raise NotInJobError(
             f"strategy() runs on the chief in layout {info.layout}, but this is {info.job}:{info.index}. "

@@ -25,7 +25,6 @@ Design notes (why):
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from typing import Any, Sequence
 

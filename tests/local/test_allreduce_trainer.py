@@ -21,11 +21,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.environ["REPO"], "examples"))
 import keras, tensorflow as tf
 import keras_distrib
-from digits_distrib import get_strategy, load, make_model
+from digits_distrib import load, make_model
 from keras_distrib.trainers import placement, trainer_for
 
 mode, out = sys.argv[1], sys.argv[2]
-strategy = get_strategy()
+strategy = keras_distrib.strategy()
 rank = strategy.cluster_resolver.task_id
 x_train, x_test, y_train, y_test = load(0)
 

@@ -18,11 +18,12 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 import pytest
+from slurm_cluster import SLURMD_PORT, SlurmTestCluster
 
 from keras_distrib.plan import PORT_BLOCK, derive_port_base
-from slurm_cluster import SLURMD_PORT, SlurmTestCluster
 
 REPO = Path(__file__).resolve().parents[2]
 PS_PER_NODE = REPO / "scripts" / "sbatch" / "ps-per-node.sbatch"
@@ -159,7 +160,7 @@ class ServerWatch:
             self.seen.update(self.cluster.processes_matching(r"-m keras_distrib\.servers"))
             time.sleep(0.05)
 
-    def __enter__(self) -> ServerWatch:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

@@ -1,0 +1,415 @@
+"""Training workloads for the throughput benchmarks (ps_throughput, sync_throughput, input_stall).
+
+The benchmark programs call `launch()`, which runs this file as the SCRIPT of
+``python -m keras_distrib.local ...``: the parameter-server chief (or every all-reduce
+worker) executes ``python bench/_train_jobs.py MODE --model M --sides A,B,...``, builds one
+model per side, then alternates the sides for ``--rounds`` rounds *inside this one process
+and cluster* (round i runs the sides in a rotated order, so drift hits all alike) and
+writes ``{"sides": {side: [steps/s per round]}}`` as JSON to ``--result``.
+
+Models: ``model_fn(keras)`` builds an uncompiled model with the Keras module it is given
+(Keras 3 ``keras`` or ``tf_keras``), so every side trains the same architecture. It must
+output logits of shape (batch, classes). Built in: ``mlp`` and ``cnn``; any other function
+with that signature works: ``--model package.module:fn`` or ``--model path/file.py:fn``.
+Every side compiles it with Adam(1e-3), sparse categorical cross-entropy (from logits)
+and the accuracy metric.
+
+Data: synthetic, seeded: ``--examples`` normal inputs of the model's input shape and
+uniform labels, in memory; every side uses the same global batch (``--batch``): one
+optimizer update consumes ``--batch`` examples (parameter server: per worker step;
+all-reduce: split over the workers).
+
+Timing: every side runs fit with epochs=2 and steps_per_epoch=S; only epoch 2 is timed
+(an epoch callback, or the hand loop's own clock), so tracing, per-worker dataset creation
+and the first closures are excluded. steps/s = S / (epoch-2 seconds). Process start-up
+and cluster connection are never timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _harness import child_env  # noqa: E402
+from _jobs import free_port_base  # noqa: E402
+
+LR = 1e-3
+SHUFFLE_BUFFER = 10_000
+
+
+# ---------------------------------------------------------------- models
+
+
+def mlp(keras: Any) -> Any:
+    """64 features -> 256 -> 256 -> 10 logits (about 85k parameters)."""
+    return keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(256, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+
+
+def cnn(keras: Any) -> Any:
+    """28x28x1 -> conv 16 -> pool -> conv 32 -> pool -> dense 64 -> 10 logits (about 56k parameters)."""
+    return keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(16, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])
+
+
+MODELS: dict[str, Callable[[Any], Any]] = {"mlp": mlp, "cnn": cnn}
+
+
+def load_model_fn(spec: str) -> Callable[[Any], Any]:
+    """``mlp``, ``cnn``, ``package.module:fn`` or ``path/to/file.py:fn``."""
+    if spec in MODELS:
+        return MODELS[spec]
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise SystemExit(f"--model {spec!r}: use mlp, cnn, module:function or file.py:function")
+    if where.endswith(".py"):
+        path = Path(where).resolve()
+        loaded = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, name)
+
+
+def model_name(spec: str) -> str:
+    return spec if spec in MODELS else spec.rpartition(":")[2]
+
+
+def compile_model(model: Any, keras: Any, **kwargs: Any) -> Any:
+    model.compile(
+        optimizer=keras.optimizers.Adam(LR),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        **kwargs,
+    )
+    return model
+
+
+def synthetic(model_fn: Callable[[Any], Any], examples: int, seed: int = 0) -> tuple[Any, Any]:
+    """(x, y) NumPy arrays matching the Keras 3 build of ``model_fn``."""
+    import keras
+    import numpy as np
+
+    probe = model_fn(keras)
+    shape = tuple(probe.input_shape[1:])
+    classes = int(probe.output_shape[-1])
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((examples, *shape), dtype=np.float32)
+    y = rng.integers(0, classes, size=(examples,)).astype("int32")
+    return x, y
+
+
+# ---------------------------------------------------------------- timing
+
+
+def epoch_timer(base: type) -> Any:
+    """An instance of a ``base`` (keras or tf_keras Callback) subclass timing each epoch."""
+
+    class EpochTimer(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.seconds: list[float] = []
+            self._t0 = 0.0
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.seconds.append(time.perf_counter() - self._t0)
+
+    return EpochTimer()
+
+
+# ---------------------------------------------------------------- sides
+
+# A side is built once (model, optimizer, input) by a factory and returns a callable
+# run(steps) -> steps/s of the timed (second) epoch.
+
+
+def _tf_dataset(x: Any, y: Any, batch: int, shard: tuple[int, int] | None = None) -> Any:
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if shard is not None:
+        ds = ds.shard(shard[1], shard[0])
+    return ds.shuffle(SHUFFLE_BUFFER, seed=0).repeat().batch(batch).prefetch(tf.data.AUTOTUNE)
+
+
+def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True) -> Callable[[int], float]:
+    """The Keras 3 trainer (keras_distrib.fit): async PS or all-reduce, by the strategy."""
+    import keras
+
+    import keras_distrib
+    from keras_distrib.trainers import placement
+
+    model = placement.build(lambda: compile_model(ctx.model_fn(keras), keras), ctx.strategy)
+    data = (ctx.x, ctx.y) if data is None else data
+
+    def run(steps: int) -> float:
+        timer = epoch_timer(keras.callbacks.Callback)
+        keras_distrib.fit(model, data, epochs=2, steps_per_epoch=steps, batch_size=ctx.batch,
+                          steps_per_execution=ctx.k, shuffle=shuffle, verbose=0, callbacks=[timer],
+                          strategy=ctx.strategy)
+        return steps / timer.seconds[-1]
+
+    return run
+
+
+def side_tf_keras(ctx: "Context", steps_per_execution: int = 1) -> Callable[[int], float]:
+    """tf_keras ``model.fit`` under the same strategy (DatasetCreator input, sharded per worker)."""
+    import tf_keras
+
+    with ctx.strategy.scope():
+        model = compile_model(ctx.model_fn(tf_keras), tf_keras, steps_per_execution=steps_per_execution)
+    x, y, batch = ctx.x, ctx.y, ctx.batch
+
+    def dataset_fn(input_context: Any) -> Any:
+        # PSS: one pipeline per worker, each step takes `batch`; MWMS: the global batch is split.
+        per_replica = input_context.get_per_replica_batch_size(batch) if ctx.mode == "allreduce" else batch
+        shard = (input_context.input_pipeline_id, input_context.num_input_pipelines)
+        return _tf_dataset(x, y, per_replica, shard)
+
+    data = tf_keras.utils.experimental.DatasetCreator(dataset_fn)
+
+    def run(steps: int) -> float:
+        timer = epoch_timer(tf_keras.callbacks.Callback)
+        model.fit(data, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[timer])
+        return steps / timer.seconds[-1]
+
+    return run
+
+
+def side_hand_loop(ctx: "Context") -> Callable[[int], float]:
+    """Minimal hand-written ClusterCoordinator loop: K steps per scheduled tf.function."""
+    import keras
+    import tensorflow as tf
+
+    strategy, k = ctx.strategy, ctx.k
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        model = ctx.model_fn(keras)
+        opt = keras.optimizers.Adam(LR)
+        opt.build(model.trainable_variables)  # slots on the ps now, not lazily inside the traced step
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    x, y, batch = ctx.x, ctx.y, ctx.batch
+
+    def replica_step(batch_xy: Any) -> Any:
+        xb, yb = batch_xy
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_k(iterator: Any) -> Any:
+        loss = tf.constant(0.0)
+        for _ in tf.range(k):
+            loss = strategy.run(replica_step, args=(next(iterator),))
+        return loss
+
+    def run(steps: int) -> float:
+        # A fresh per-worker dataset per call, like a fit() call (not timed).
+        iterator = iter(coordinator.create_per_worker_dataset(lambda: _tf_dataset(x, y, batch)))
+        seconds = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for _ in range(max(1, steps // k)):
+                coordinator.schedule(train_k, args=(iterator,))
+            coordinator.join()
+            seconds.append(time.perf_counter() - t0)
+        return max(1, steps // k) * k / seconds[-1]
+
+    return run
+
+
+def side_single_process(ctx: "Context") -> Callable[[int], float]:
+    """Plain Keras 3 ``model.fit`` in this process alone (no strategy), same K and input."""
+    import keras
+
+    model = compile_model(ctx.model_fn(keras), keras, steps_per_execution=ctx.k)
+    data = _tf_dataset(ctx.x, ctx.y, ctx.batch)
+
+    def run(steps: int) -> float:
+        timer = epoch_timer(keras.callbacks.Callback)
+        model.fit(data, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[timer])
+        return steps / timer.seconds[-1]
+
+    return run
+
+
+def write_tfrecords(x: Any, y: Any, directory: Path, files: int) -> list[str]:
+    """``files`` TFRecord files of tf.train.Examples {"x": floats, "y": int64}."""
+    import tensorflow as tf
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [str(directory / f"part-{i:03d}.tfrecord") for i in range(files)]
+    writers = [tf.io.TFRecordWriter(p) for p in paths]
+    for i in range(len(x)):
+        ex = tf.train.Example(features=tf.train.Features(feature={
+            "x": tf.train.Feature(float_list=tf.train.FloatList(value=x[i].reshape(-1))),
+            "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(y[i])])),
+        }))
+        writers[i % files].write(ex.SerializeToString())
+    for w in writers:
+        w.close()
+    return paths
+
+
+def tfrecord_reader(shape: tuple[int, ...]) -> Callable[[Any], Any]:
+    """reader(path) -> dataset of (x, y): parse each example (parallel map), as users write it."""
+    import numpy as np
+    import tensorflow as tf
+
+    spec = {"x": tf.io.FixedLenFeature([int(np.prod(shape))], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(record: Any) -> Any:
+        ex = tf.io.parse_single_example(record, spec)
+        return tf.reshape(ex["x"], shape), tf.cast(ex["y"], tf.int32)
+
+    return lambda path: tf.data.TFRecordDataset(path).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def side_stall(ctx: "Context", kind: str) -> Callable[[int], float]:
+    """keras_distrib.fit on one of the keras_distrib.data pipelines, or on one cached batch."""
+    import tensorflow as tf
+
+    from keras_distrib import data as kd_data
+
+    if kind == "arrays":
+        return side_keras_distrib(ctx, kd_data.ArraySource((ctx.x, ctx.y)))
+    if kind == "files":
+        paths = write_tfrecords(ctx.x, ctx.y, Path(ctx.workdir) / "tfrecords", files=4)
+        source = kd_data.FileSource(paths, reader=tfrecord_reader(ctx.x.shape[1:]), num_examples=len(ctx.x))
+        return side_keras_distrib(ctx, source)
+    # One pre-materialised batch, cached in memory and repeated: no per-step input work.
+    # (Built from slices + batch so its element spec has a dynamic batch dimension like the others.)
+    one = tf.data.Dataset.from_tensor_slices((ctx.x[: ctx.batch], ctx.y[: ctx.batch])).batch(ctx.batch)
+    return side_keras_distrib(ctx, kd_data.DatasetSource(one.take(1).cache().repeat()), shuffle=False)
+
+
+SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
+    "keras_distrib": side_keras_distrib,
+    "tf_keras": side_tf_keras,
+    "tf_keras_k": lambda ctx: side_tf_keras(ctx, steps_per_execution=ctx.k),
+    "hand_loop": side_hand_loop,
+    "single_process": side_single_process,
+    "pipeline_arrays": lambda ctx: side_stall(ctx, "arrays"),
+    "pipeline_files": lambda ctx: side_stall(ctx, "files"),
+    "cached_batch": lambda ctx: side_stall(ctx, "cached"),
+}
+
+
+class Context:
+    def __init__(self, args: argparse.Namespace) -> None:
+        import keras_distrib
+
+        self.mode = args.mode
+        self.model_fn = load_model_fn(args.model)
+        self.batch = args.batch
+        self.k = args.k
+        self.workdir = args.workdir
+        self.x, self.y = synthetic(self.model_fn, args.examples)
+        self.strategy = keras_distrib.strategy()
+        self.info = keras_distrib.cluster()
+
+
+def job_main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["ps", "allreduce"])
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--sides", required=True, help="comma-separated: " + ", ".join(SIDES))
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=200, help="steps per timed epoch")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--k", type=int, default=10, help="steps per execution (Keras 3 trainer, hand loop)")
+    p.add_argument("--examples", type=int, default=4096)
+    p.add_argument("--workdir", default=".")
+    p.add_argument("--result", required=True)
+    args = p.parse_args(argv)
+
+    import keras
+
+    keras.utils.set_random_seed(0)
+    ctx = Context(args)
+    names = args.sides.split(",")
+    runs = {name: SIDES[name](ctx) for name in names}
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(args.rounds):
+        order = names[i % len(names):] + names[: i % len(names)]
+        if i % 2:
+            order.reverse()
+        for name in order:
+            rates[name].append(runs[name](args.steps))
+        print(f"  round {i + 1}/{args.rounds}: " + ", ".join(f"{n} {rates[n][-1]:.1f}" for n in names) + " steps/s",
+              file=sys.stderr, flush=True)
+    if ctx.info.is_chief:
+        Path(args.result).write_text(json.dumps({"sides": rates, "steps": args.steps, "batch": args.batch,
+                                                 "k": args.k, "model": args.model}))
+    # TensorFlow's teardown with live remote contexts can take seconds; results are written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ---------------------------------------------------------------- launching (benchmark side)
+
+#: Cluster shapes. "1ps2w": chief + 1 ps + 2 workers, from the worker-per-gpu layout of
+#: one emulated node reporting two GPU ids (on a CPU-only machine TensorFlow just uses the
+#: CPU; ps-per-node would give 2 ps). "1ps1w": chief + 1 ps + 1 worker (ps-per-node, 1 node).
+#: "2w": two all-reduce workers.
+CLUSTERS = {
+    "1ps2w": ["--nodes", "1", "--layout", "worker-per-gpu", "--gpus-per-node", "0,1"],
+    "1ps1w": ["--nodes", "1", "--layout", "ps-per-node"],
+    "2w": ["--nodes", "2", "--layout", "allreduce"],
+}
+
+
+def launch(cluster: str, sides: list[str], *, model: str, rounds: int, steps: int, batch: int = 64,
+           k: int = 10, examples: int = 4096, workdir: Path, timeout: float = 900) -> dict[str, list[float]]:
+    """One launcher run of this script on ``cluster``; {side: [steps/s per round]}."""
+    mode = "allreduce" if cluster == "2w" else "ps"
+    result = workdir / f"result-{time.monotonic_ns()}.json"
+    cmd = [sys.executable, "-m", "keras_distrib.local", *CLUSTERS[cluster], "--port-base", str(free_port_base(8)),
+           str(Path(__file__).resolve()), mode, "--model", model, "--sides", ",".join(sides),
+           "--rounds", str(rounds), "--steps", str(steps), "--batch", str(batch), "--k", str(k),
+           "--examples", str(examples), "--workdir", str(workdir), "--result", str(result)]
+    print(f"  {cluster} {model}: {', '.join(sides)} x {rounds} rounds of {steps} steps", file=sys.stderr, flush=True)
+    # TF_USE_LEGACY_KERAS=1: tf.keras means tf_keras (the tf_keras sides); Keras 3 is `import keras`.
+    env = child_env(TF_USE_LEGACY_KERAS="1", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0 or not result.exists():
+        raise SystemExit(f"training job failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}")
+    for line in proc.stdout.splitlines():
+        if line.lstrip().startswith("round "):
+            print("  " + line.strip(), file=sys.stderr)
+    return json.loads(result.read_text())["sides"]
+
+
+if __name__ == "__main__":
+    job_main()

@@ -1,0 +1,54 @@
+"""Every example runs under local mode, in the layouts it documents (the README's commands)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher_utils import REPO, meaningful, start_local
+
+EXAMPLES = REPO / "examples"
+
+
+def run_example(tmp_path: Path, launcher_args: list[str], script: str, script_args: list[str], **env: str) -> list[str]:
+    proc = start_local([*launcher_args, str(EXAMPLES / script), *script_args], tmp_path, **env)
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-4000:]
+    return meaningful(out)
+
+
+def last_json(lines: list[str], prefix: str) -> dict:
+    payloads = [line.split("] ", 1)[1] for line in lines if line.startswith(prefix) and "] {" in line]
+    assert payloads, "\n".join(lines[-30:])
+    return json.loads(payloads[-1])
+
+
+@pytest.mark.parametrize("layout", ["ps-per-node", "allreduce"])
+def test_digits_example_trains_and_saves(tmp_path: Path, layout: str) -> None:
+    model_path = tmp_path / "digits.keras"
+    lines = run_example(tmp_path, ["--nodes", "2", "--layout", layout], "digits_distrib.py",
+                        ["--epochs", "3", "--json", "--save", str(model_path)])
+    first = "[local0 chief:0]" if layout == "ps-per-node" else "[local0 worker:0]"
+    result = last_json(lines, first)
+    assert result["test_accuracy"] > 0.8
+    assert model_path.exists()
+
+
+@pytest.mark.parametrize("script", ["mnist_distrib.py", "cifar10_cnn_distrib.py"])
+def test_image_examples_run_on_synthetic_data(tmp_path: Path, script: str) -> None:
+    lines = run_example(tmp_path, ["--nodes", "2"], script, ["--synthetic", "--epochs", "1", "--steps-per-epoch", "6", "--verbose", "2"])
+    assert any(line.startswith("[local0 chief:0]") and "loss" in line for line in lines), "\n".join(lines[-20:])
+
+
+@pytest.mark.legacy
+@pytest.mark.parametrize("layout, strategy", [("ps-per-node", "ParameterServerStrategyV2"), ("allreduce", "CollectiveAllReduceStrategy")])
+def test_legacy_tf_keras_model_fit(tmp_path: Path, layout: str, strategy: str) -> None:
+    pytest.importorskip("tf_keras", reason="the [legacy] extra (tf_keras) is not installed")
+    lines = run_example(tmp_path, ["--nodes", "2", "--layout", layout], "legacy_tf_keras.py", ["--epochs", "3"],
+                        TF_USE_LEGACY_KERAS="1")
+    first = "[local0 chief:0]" if layout == "ps-per-node" else "[local0 worker:0]"
+    result = last_json(lines, first)
+    assert result["strategy"] == strategy
+    assert result["accuracy"][-1] > result["accuracy"][0]
