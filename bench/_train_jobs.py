@@ -307,9 +307,29 @@ def side_stall(ctx: "Context", kind: str) -> Callable[[int], float]:
         source = kd_data.FileSource(paths, reader=tfrecord_reader(ctx.x.shape[1:]), num_examples=len(ctx.x))
         return side_keras_distrib(ctx, source)
     # One pre-materialised batch, cached in memory and repeated: no per-step input work.
-    # (Built from slices + batch so its element spec has a dynamic batch dimension like the others.)
-    one = tf.data.Dataset.from_tensor_slices((ctx.x[: ctx.batch], ctx.y[: ctx.batch])).batch(ctx.batch)
-    return side_keras_distrib(ctx, kd_data.DatasetSource(one.take(1).cache().repeat()), shuffle=False)
+    return side_keras_distrib(ctx, CachedBatch(ctx.x[: ctx.batch], ctx.y[: ctx.batch]), shuffle=False)
+
+
+class CachedBatch:
+    """A `keras_distrib.data.Source` yielding one in-memory batch forever (every shard).
+
+    Built inside shard() (so the worker builds it) rather than passing an eagerly created
+    tf.data.Dataset: under ParameterServerStrategy `keras_distrib.fit` cannot ship an eager
+    Dataset to the workers ("Unable to parse tensor proto"). Slices + batch give the element
+    spec the same dynamic batch dimension as the real pipelines.
+    """
+
+    num_examples = None
+    batched = True
+
+    def __init__(self, x: Any, y: Any) -> None:
+        self.x, self.y = x, y
+
+    def shard(self, index: int, num_shards: int) -> Any:
+        import tensorflow as tf
+
+        one = tf.data.Dataset.from_tensor_slices((self.x, self.y)).batch(len(self.x))
+        return one.take(1).cache().repeat()
 
 
 SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
@@ -333,9 +353,13 @@ class Context:
         self.batch = args.batch
         self.k = args.k
         self.workdir = args.workdir
-        self.x, self.y = synthetic(self.model_fn, args.examples)
+        # The strategy first: MultiWorkerMirroredStrategy must exist before any TF op runs.
         self.strategy = keras_distrib.strategy()
         self.info = keras_distrib.cluster()
+        import keras
+
+        keras.utils.set_random_seed(0)
+        self.x, self.y = synthetic(self.model_fn, args.examples)
 
 
 def job_main(argv: list[str] | None = None) -> None:
@@ -352,9 +376,6 @@ def job_main(argv: list[str] | None = None) -> None:
     p.add_argument("--result", required=True)
     args = p.parse_args(argv)
 
-    import keras
-
-    keras.utils.set_random_seed(0)
     ctx = Context(args)
     names = args.sides.split(",")
     runs = {name: SIDES[name](ctx) for name in names}
@@ -406,7 +427,7 @@ def launch(cluster: str, sides: list[str], *, model: str, rounds: int, steps: in
     if proc.returncode != 0 or not result.exists():
         raise SystemExit(f"training job failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}")
     for line in proc.stdout.splitlines():
-        if line.lstrip().startswith("round "):
+        if "  round " in line:  # the chief's per-round rates (prefixed by the launcher)
             print("  " + line.strip(), file=sys.stderr)
     return json.loads(result.read_text())["sides"]
 

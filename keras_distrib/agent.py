@@ -77,7 +77,8 @@ class Agent:
     mode: str
     script_argv: list[str]
     check: bool
-    events: queue.Queue[tuple[Any, ...]] = field(default_factory=queue.Queue)
+    # SimpleQueue.put is reentrant, so the signal handler may call it safely.
+    events: queue.SimpleQueue[tuple[Any, ...]] = field(default_factory=queue.SimpleQueue)
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
     interrupted: int | None = None

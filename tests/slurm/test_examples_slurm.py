@@ -1,0 +1,49 @@
+"""The repository's examples on the real 3-node Slurm cluster, as the README shows them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from slurm_cluster import SlurmTestCluster
+from test_launcher_slurm import LAUNCH, PS_PER_NODE, REPO, TIMEOUT, assert_nothing_left, error_lines, meaningful, sbatch_template
+
+DIGITS = REPO / "examples" / "digits_distrib.py"
+
+
+def result_line(lines: list[str], prefix: str) -> dict:
+    payloads = [line.split("] ", 1)[1] for line in lines if line.startswith(prefix) and "] {" in line]
+    assert payloads, "\n".join(lines[-30:])
+    return json.loads(payloads[-1])
+
+
+def test_digits_example_through_the_sbatch_template(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    out, model = tmp_path / "digits.out", tmp_path / "digits.keras"
+    job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out)],
+                          [str(DIGITS), "--epochs", "4", "--json", "--save", str(model)], tmp_path)
+    result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
+    text = out.read_text(errors="replace")
+    assert result == "COMPLETED" and result.exit_code == 0, text
+    summary = result_line(meaningful(text), "[n1 chief:0]")
+    assert summary["test_accuracy"] > 0.85
+    assert summary["steps"] > 0
+    assert model.exists()
+    assert error_lines(text) == []
+    assert_nothing_left(slurm_cluster, job)
+
+
+def test_digits_example_allreduce_through_srun(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    run = slurm_cluster.head(
+        ["srun", "-N2", "--ntasks-per-node=1", "--cpus-per-task=2", *LAUNCH, "--layout", "allreduce",
+         str(DIGITS), "--epochs", "3", "--json"],
+        cwd=tmp_path, timeout=TIMEOUT,
+    )
+    text = run.stdout + run.stderr
+    assert run.returncode == 0, text
+    lines = meaningful(text)
+    first = result_line(lines, "[n1 worker:0]")
+    second = result_line(lines, "[n2 worker:1]")
+    assert (first["test_accuracy"], first["steps"]) == (second["test_accuracy"], second["steps"]), \
+        "all-reduce workers must end with identical results"
+    assert first["test_accuracy"] > 0.8
+    assert_nothing_left(slurm_cluster)
