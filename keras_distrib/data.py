@@ -167,7 +167,21 @@ class DatasetSource:
             self.num_examples = None
 
     def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":
-        return shard_dataset(self.dataset, index, num_shards)
+        import tensorflow as tf
+
+        dataset = self.dataset
+        if tf.inside_function():
+            # Traced on the parameter-server chief for a remote worker: an eager dataset's
+            # variant lives on the chief and cannot be sent, so rebuild the dataset from
+            # its graph inside the function (what tf.distribute does for its own inputs).
+            variant = self._variant_creator()()
+            dataset = tf.data.experimental.from_variant(variant, self.dataset.element_spec)
+        return shard_dataset(dataset, index, num_shards)
+
+    def _variant_creator(self) -> Any:
+        if not hasattr(self, "_creator"):
+            self._creator = self.dataset._trace_variant_creation()  # private TF API, see shard()
+        return self._creator
 
 
 @dataclass

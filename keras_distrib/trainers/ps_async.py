@@ -9,10 +9,13 @@ Design notes (why):
   K=20 191 -> default K=10 (the knee; more only delays progress/callback updates).
 * Exact step: Keras 3 ``optimizer.iterations`` loses increments under concurrent workers
   (read-modify-write), so a separate int64 ``global_step`` on a ps is advanced with
-  ``assign_add`` (atomic on the ps). Before each update the step copies the counter into
-  ``optimizer.iterations``, so LR schedules and Adam's bias correction see the true step
-  (up to the few updates in flight on other workers), and at every epoch end the chief
-  sets ``iterations`` to the exact counter, so checkpoints and callbacks see it exactly.
+  ``assign_add`` (atomic on the ps). Each closure reserves its K step numbers with one
+  ``assign_add(K)`` and starts ``optimizer.iterations`` at the first of them, so LR
+  schedules and Adam's bias correction see the true step (up to the chunks in flight on
+  other workers), and at every epoch end the chief sets ``iterations`` to the exact
+  counter, so checkpoints and callbacks see it exactly. (If a worker dies mid-closure the
+  coordinator re-runs the closure, which reserves new numbers: the count then includes
+  the lost closure's steps, some of whose updates were applied.)
 * Data: each worker gets its own dataset function with its shard index baked in (one
   resource closure per worker, re-run with the same index if the worker is recovered),
   because upstream ``create_per_worker_dataset`` gives every worker the same stream.
@@ -114,14 +117,16 @@ class ParameterServerTrainer:
                 y_pred = model(x, training=True)
                 loss = mean_loss(model, x, y, y_pred, sw, training=True)
             grads = tape.gradient(loss, model.trainable_variables)
-            # assign_add is atomic on the ps; iterations follows the exact counter.
-            before = step.assign_add(1) - 1
-            opt.iterations.assign(tf.cast(before, opt.iterations.dtype))
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw)
 
         @tf.function
         def train_chunk(iterator: Any, num_steps: Any) -> dict[str, Any]:
+            # Reserve this chunk's step numbers with one atomic assign_add on the ps (two
+            # remote ops per chunk instead of per step); apply_gradients then advances
+            # iterations through the reserved range, so schedules see the true step.
+            n = tf.cast(num_steps, tf.int64)
+            opt.iterations.assign(tf.cast(step.assign_add(n) - n, opt.iterations.dtype))
             totals = zeros_totals(metrics)
             for _ in tf.range(num_steps):
                 loss, n, state = strategy.run(replica_step, args=(next(iterator), totals["state"]))
@@ -190,9 +195,10 @@ class ParameterServerTrainer:
             if on_chunk is not None:
                 on_chunk(last, totals)
 
+        sizes = {n: tf.constant(n) for n in {k, total_steps % k or k}}  # not one constant per closure
         for first in range(0, total_steps, k):
             n = min(k, total_steps - first)
-            pending.append((first + n - 1, self.coordinator.schedule(fn, args=(iterator, tf.constant(n)))))
+            pending.append((first + n - 1, self.coordinator.schedule(fn, args=(iterator, sizes[n]))))
             if len(pending) >= self._window():
                 drain_one()
         while pending:

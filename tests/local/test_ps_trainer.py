@@ -202,6 +202,22 @@ def test_evaluate_uneven_exact(strategy: Any, digits: Any) -> None:
     assert logs["loss"] == pytest.approx(ref["loss"], rel=1e-4)
 
 
+def test_fit_on_an_eager_tf_data_dataset(strategy: Any, digits: Any) -> None:
+    """A batched tf.data.Dataset made on the chief trains and evaluates on the workers."""
+    import tensorflow as tf
+
+    import keras_distrib
+
+    x_train, x_test, y_train, y_test = digits
+    train = tf.data.Dataset.from_tensor_slices((x_train, y_train)).batch(32)
+    test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(60)
+    model = build(strategy)
+    history = keras_distrib.fit(model, train, epochs=3, verbose=0, strategy=strategy)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    result = keras_distrib.evaluate(model, test, strategy=strategy)
+    assert result["accuracy"] > 0.8
+
+
 def test_save_keras_loads_in_plain_process(strategy: Any, digits: Any, tmp_path: Path) -> None:
     import keras_distrib
 
