@@ -237,6 +237,28 @@ def step_totals(totals: dict[str, Any], loss: Any, n: Any, state: list[Any]) -> 
     }
 
 
+def batch_reporter(cbs: Any, progress: "Progress", metrics: MetricSet) -> Callable[[int, "Totals"], None]:
+    """Per-closure hook: batch callbacks with running logs, then the progress bar."""
+
+    def on_chunk(last: int, totals: Totals) -> None:
+        logs = totals.logs(metrics)
+        cbs.on_train_batch_begin(last)
+        cbs.on_train_batch_end(last, logs)
+        progress.update(last + 1, logs)
+
+    return on_chunk
+
+
+def epoch_saver(keeper: "CheckpointKeeper | None", step: Any) -> Callable[[int], None]:
+    """Epoch-end hook saving a checkpoint at the exact step (a no-op without a keeper)."""
+
+    def on_epoch_done(epoch: int) -> None:
+        if keeper is not None:
+            keeper.save(int(step.numpy()))
+
+    return on_epoch_done
+
+
 def mean_loss(model: Any, x: Any, y: Any, y_pred: Any, sample_weight: Any, training: bool) -> Any:
     """The compiled loss (mean over the batch) plus regularisation losses."""
     return model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)

@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 from .. import data as kd_data
 from ._common import (
+    batch_reporter,
+    epoch_saver,
     CheckpointKeeper,
     MetricSet,
     Progress,
@@ -293,12 +295,7 @@ class AllReduceTrainer:
         persistent = iter(dist) if repeat else None
 
         def train_epoch(epoch: int, progress: Progress, cbs: Any) -> Totals:
-            def on_chunk(last: int, totals: Totals) -> None:
-                logs = totals.logs(self.metrics)
-                cbs.on_train_batch_begin(last)
-                cbs.on_train_batch_end(last, logs)
-                progress.update(last + 1, logs)
-
+            on_chunk = batch_reporter(cbs, progress, self.metrics)
             iterator = persistent if persistent is not None else iter(dist)
             return self._run(fn, iterator, steps_per_epoch, on_chunk)
 
@@ -306,16 +303,12 @@ class AllReduceTrainer:
             return self.evaluate(validation_data, steps=validation_steps,
                                  batch_size=validation_batch_size or batch_size, prefix="val_")
 
-        def on_epoch_done(epoch: int) -> None:
-            if keeper is not None:
-                keeper.save(int(self.global_step.numpy()))
-
         try:
             return run_epochs(
                 model=self.model, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=target,
                 callbacks=cbs, verbose=verbose, show=self.is_chief, train_epoch=train_epoch,
                 validate=validate if validation_data is not None else None,
-                train_logs=lambda t: t.logs(self.metrics), on_epoch_done=on_epoch_done,
+                train_logs=lambda t: t.logs(self.metrics), on_epoch_done=epoch_saver(keeper, self.global_step),
             )
         finally:
             if keeper is not None:

@@ -33,6 +33,8 @@ from typing import Any, Sequence
 
 from .. import data as kd_data
 from ._common import (
+    batch_reporter,
+    epoch_saver,
     CheckpointKeeper,
     MetricSet,
     Progress,
@@ -245,12 +247,7 @@ class ParameterServerTrainer:
         cbs = make_callbacks(callbacks, self.model, epochs, steps, verbose)
 
         def train_epoch(epoch: int, progress: Progress, cbs: Any) -> Totals:
-            def on_chunk(last: int, totals: Totals) -> None:
-                logs = totals.logs(self.metrics)
-                cbs.on_train_batch_begin(last)
-                cbs.on_train_batch_end(last, logs)
-                progress.update(last + 1, logs)
-
+            on_chunk = batch_reporter(cbs, progress, self.metrics)
             totals = self._run_chunks(self._train_fn, inp.iterator, steps, on_chunk)
             self.coordinator.join()
             self.sync_iterations()
@@ -259,15 +256,11 @@ class ParameterServerTrainer:
         def validate() -> dict[str, float]:
             return self.evaluate(val_source, steps=validation_steps, batch_size=val_bs, prefix="val_")
 
-        def on_epoch_done(epoch: int) -> None:
-            if keeper is not None:
-                keeper.save(int(self.global_step.numpy()))
-
         return run_epochs(
             model=self.model, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
             callbacks=cbs, verbose=verbose, show=True, train_epoch=train_epoch,
             validate=validate if validation_data is not None else None,
-            train_logs=lambda t: t.logs(self.metrics), on_epoch_done=on_epoch_done,
+            train_logs=lambda t: t.logs(self.metrics), on_epoch_done=epoch_saver(keeper, self.global_step),
         )
 
     def evaluate(self, data: Any, *, steps: int | None = None, batch_size: int | None = None,
