@@ -296,7 +296,6 @@ def tfrecord_reader(shape: tuple[int, ...]) -> Callable[[Any], Any]:
 
 def side_stall(ctx: "Context", kind: str) -> Callable[[int], float]:
     """keras_distrib.fit on one of the keras_distrib.data pipelines, or on one cached batch."""
-    import tensorflow as tf
 
     from keras_distrib import data as kd_data
 
@@ -434,3 +433,27 @@ def launch(cluster: str, sides: list[str], *, model: str, rounds: int, steps: in
 
 if __name__ == "__main__":
     job_main()
+
+
+def training_parser(doc: str | None) -> Any:
+    """The flags shared by the training benchmarks (on top of --smoke/--rounds/--out)."""
+    from _harness import parser
+
+    p = parser(doc or "")
+    p.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn, module:fn, file.py:fn")
+    p.add_argument("--batch", type=int, default=64, help="examples per optimizer update (default 64)")
+    p.add_argument("--k", type=int, default=10, help="steps per scheduled function / tf.function call (default 10)")
+    p.add_argument("--steps", type=int, default=None, help="steps per timed epoch (default per model)")
+    return p
+
+
+def model_runs(args: Any, steps_table: dict[str, int], default_steps: int) -> tuple[int, list[tuple[str, str, int, int]]]:
+    """(rounds, [(model spec, display name, steps per timed epoch, examples)]) for these flags."""
+    models = ["mlp"] if args.smoke else args.models.split(",")
+    rounds = 1 if args.smoke else args.rounds
+    runs = []
+    for model in models:
+        steps = 20 if args.smoke else args.steps or steps_table.get(model, default_steps)
+        runs.append((model, model_name(model), steps, 1024 if args.smoke else 4096))
+    return rounds, runs
+

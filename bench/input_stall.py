@@ -24,31 +24,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _harness import Comparison, parser, print_table, save
-from _train_jobs import launch, model_name
+from _harness import Comparison, print_table, save
+from _train_jobs import launch, model_runs, training_parser
 
 STEPS = {"mlp": 200, "cnn": 80}
 DEFAULT_STEPS = 80
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn, module:fn, file.py:fn")
-    p.add_argument("--batch", type=int, default=64, help="examples per optimizer update (default 64)")
-    p.add_argument("--k", type=int, default=10, help="steps per scheduled function (default 10)")
-    p.add_argument("--steps", type=int, default=None, help="steps per timed epoch (default per model)")
-    args = p.parse_args()
-    models = ["mlp"] if args.smoke else args.models.split(",")
-    rounds = 1 if args.smoke else args.rounds
+    args = training_parser(__doc__).parse_args()
+    rounds, runs = model_runs(args, STEPS, DEFAULT_STEPS)
     comparisons: list[Comparison] = []
     raw: dict[str, dict[str, list[float]]] = {}
     stall: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for model in models:
-            name = model_name(model)
-            steps = 20 if args.smoke else args.steps or STEPS.get(model, DEFAULT_STEPS)
+        for model, name, steps, examples in runs:
             r = launch("1ps2w", ["pipeline_arrays", "pipeline_files", "cached_batch"], model=model, rounds=rounds,
-                       steps=steps, batch=args.batch, k=args.k, examples=1024 if args.smoke else 4096,
+                       steps=steps, batch=args.batch, k=args.k, examples=examples,
                        workdir=Path(tmp))
             raw[name] = r
             for kind, label in (("arrays", "ArraySource"), ("files", "FileSource")):
@@ -61,7 +53,7 @@ def main() -> None:
                 f"(batch {args.batch}, K={args.k}, {rounds} rounds)", comparisons)
     for key, value in stall.items():
         print(f"  {key}: stall fraction {value:.3f} (1 - median A/B)")
-    save("input_stall", comparisons, {"batch": args.batch, "k": args.k, "models": models,
+    save("input_stall", comparisons, {"batch": args.batch, "k": args.k, "models": [run[0] for run in runs],
                                       "stall_fraction": stall, "steps_per_sec": raw}, args.out)
 
 

@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _harness import Comparison, parser, print_table, save
-from _train_jobs import launch, model_name
+from _harness import Comparison, print_table, save
+from _train_jobs import launch, model_runs, training_parser
 
 #: Steps per timed epoch: about 1-2 s of training per side on the 2-core machine.
 STEPS = {"mlp": 150, "cnn": 50}
@@ -30,22 +30,14 @@ DEFAULT_STEPS = 50
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn, module:fn, file.py:fn")
-    p.add_argument("--batch", type=int, default=64, help="global batch per optimizer update (default 64)")
-    p.add_argument("--k", type=int, default=10, help="steps per tf.function call (default 10)")
-    p.add_argument("--steps", type=int, default=None, help="steps per timed epoch (default per model)")
-    args = p.parse_args()
-    models = ["mlp"] if args.smoke else args.models.split(",")
-    rounds = 1 if args.smoke else args.rounds
+    args = training_parser(__doc__).parse_args()
+    rounds, runs = model_runs(args, STEPS, DEFAULT_STEPS)
     comparisons: list[Comparison] = []
     raw: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for model in models:
-            name = model_name(model)
-            steps = 20 if args.smoke else args.steps or STEPS.get(model, DEFAULT_STEPS)
+        for model, name, steps, examples in runs:
             r = launch("2w", ["keras_distrib", "tf_keras", "tf_keras_k"], model=model, rounds=rounds, steps=steps,
-                       batch=args.batch, k=args.k, examples=1024 if args.smoke else 4096, workdir=Path(tmp))
+                       batch=args.batch, k=args.k, examples=examples, workdir=Path(tmp))
             raw[name] = r
             comparisons += [
                 Comparison(f"3. sync throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
@@ -56,7 +48,7 @@ def main() -> None:
             print(f"  {name}: done", file=sys.stderr, flush=True)
     print_table(f"Synchronous throughput, MultiWorkerMirroredStrategy, 2 workers "
                 f"(global batch {args.batch}, K={args.k}, {rounds} rounds)", comparisons)
-    save("sync_throughput", comparisons, {"batch": args.batch, "k": args.k, "models": models,
+    save("sync_throughput", comparisons, {"batch": args.batch, "k": args.k, "models": [run[0] for run in runs],
                                           "steps_per_sec": raw}, args.out)
 
 
