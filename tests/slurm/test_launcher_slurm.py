@@ -277,6 +277,22 @@ def test_exit_code_reaches_the_step(slurm_cluster: SlurmTestCluster, work: Path)
     assert_nothing_left(slurm_cluster, job_id.group(1))
 
 
+def test_one_task_per_process_mode(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    """Three tasks on one node = the three processes of ps-per-node there, in SLURM_LOCALID order."""
+    ended = work / "per-role.ended"
+    p = slurm_cluster.head(["srun", "-N1", "-n3", "--overcommit", *LAUNCH, "train.py", "5", "0", str(ended)],
+                           cwd=work, timeout=TIMEOUT)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    lines = meaningful(out)
+    assert "[n1 chief:0] role chief:0 workers 1 ps 1" in lines, out
+    assert any(line.startswith("[n1 chief:0] trained 5 steps") for line in lines), out
+    for role in ("ps:0", "worker:0"):
+        assert sum(line.startswith(f"[n1 {role}] serving {role}") for line in lines) == 1, out
+    assert error_lines(out) == []
+    assert_nothing_left(slurm_cluster)
+
+
 # -- d: a worker killed during training ------------------------------------------------------------
 
 
