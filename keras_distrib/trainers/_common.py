@@ -54,6 +54,11 @@ def resolve_strategy(strategy: Any = None, allow: Sequence[str] = ("ps", "allred
 
     if strategy is None:
         strategy = tf.distribute.get_strategy()
+        if _kind(strategy) is None and "TF_CONFIG" in os.environ:
+            # In a job, outside any scope: the job's strategy (created once per process).
+            from ..strategies import strategy as job_strategy
+
+            strategy = job_strategy()
     kind = _kind(strategy)
     if kind is None:
         layout = os.environ.get("KERAS_DISTRIB_LAYOUT")

@@ -52,3 +52,19 @@ def test_legacy_tf_keras_model_fit(tmp_path: Path, layout: str, strategy: str) -
     result = last_json(lines, first)
     assert result["strategy"] == strategy
     assert result["accuracy"][-1] > result["accuracy"][0]
+
+
+def test_readme_training_snippet_runs_as_written(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Training (Keras 3)"):]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start:section.index("\n```", start)]
+    (tmp_path / "train.py").write_text(code + "\n")
+    proc = start_local(["--nodes", "2", "train.py"], tmp_path)
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-4000:]
+    accuracy = [line for line in meaningful(out) if line.startswith("[local0 chief:0] val_accuracy")]
+    assert accuracy and float(accuracy[0].split()[-1]) > 0.8, out[-3000:]
+    assert (tmp_path / "model.keras").exists()
+    assert len((tmp_path / "log.csv").read_text().strip().splitlines()) == 1 + 5  # header + 5 epochs
+    assert list((tmp_path / "ckpt").iterdir()), "no checkpoint written"
