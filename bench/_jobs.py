@@ -93,7 +93,9 @@ def run_keras_distrib(workdir: Path, nodes: int, layout: str) -> tuple[float, fl
     )
     end = time.time()
     if proc.returncode != 0 or not mark.exists():
-        raise SystemExit(f"keras_distrib run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        useful = [line for line in (proc.stdout + proc.stderr).splitlines()
+                  if "keras_distrib" in line or "Error" in line or "Traceback" in line]
+        raise SystemExit(f"keras_distrib run ({layout}) failed with {proc.returncode}:\n" + "\n".join(useful[-40:]))
     exits = [float(p.read_text()) for p in workdir.glob(f"{mark.name}.exit.*")]
     return float(mark.read_text()) - start, end - max(exits), end - start
 

@@ -15,7 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
-PROGRAMS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_"))
+# report.py formats the others' results rather than measuring: tested on its own below.
+PROGRAMS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_") and p.stem != "report")
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
@@ -47,3 +48,15 @@ def test_smoke(program: str, tmp_path: Path) -> None:
         assert all(_positive_finite(v) for v in numbers), f"{c['name']}: {numbers}"
     if HAVE_MATPLOTLIB:
         assert (tmp_path / f"{program}.png").stat().st_size > 0
+
+
+def test_report_formats_measured_results(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    subprocess.run([sys.executable, str(BENCH / "plan_scaling.py"), "--smoke", "--out", str(tmp_path)],
+                   env=env, capture_output=True, text=True, timeout=120, check=True)
+    measured = json.loads((tmp_path / "plan_scaling.json").read_text())["comparisons"][0]["summary"]["ratio_median"]
+    out = subprocess.run([sys.executable, str(BENCH / "report.py"), "--out", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"| {measured:.3f} |" in out
+    assert "| `ps_throughput` | not run |" in out
+
