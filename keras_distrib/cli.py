@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cluster_parsers import ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
 
@@ -41,7 +41,7 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     return p
 
 
-def resolve_options(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str]) -> Options:
+def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Options:
     """Defaults < --config file < KERAS_DISTRIB_PORT_BASE < command-line flags."""
     options = Options()
     if args.config:
