@@ -74,8 +74,14 @@ def test_exit_code_output_prefix_and_cleanup(workdir: Path) -> None:
 def test_killed_worker_stops_the_job_with_one_line(workdir: Path) -> None:
     proc = start_local(["--nodes", "2", "--port-base", "24200", "chief.py", "wait", str(workdir / "unused")], workdir)
     try:
-        assert wait_for(lambda: alive(processes_with_env("KERAS_DISTRIB_TASK", "chief:0", proc.pid)), 90), "chief never started"
-        children = {t: alive(processes_with_env("KERAS_DISTRIB_TASK", t, proc.pid)) for t in ("chief:0", "ps:0", "ps:1", "worker:0", "worker:1")}
+        tasks = ("chief:0", "ps:0", "ps:1", "worker:0", "worker:1")
+
+        def children_now() -> dict[str, list[int]]:
+            return {t: alive(processes_with_env("KERAS_DISTRIB_TASK", t, proc.pid)) for t in tasks}
+
+        # The agent starts all five at once; wait until each has exec'd with its own env.
+        assert wait_for(lambda: all(children_now().values()), 90), "the job's processes never all started"
+        children = children_now()
         servers = children["worker:1"]
         assert len(servers) == 1
         killed_at = time.monotonic()
