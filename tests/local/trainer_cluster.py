@@ -23,15 +23,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
-_SERVER_CODE = """
-import json, os
-import tensorflow as tf
-cfg = json.loads(os.environ["TF_CONFIG"])
-task = cfg["task"]
-server = tf.distribute.Server(tf.train.ClusterSpec(cfg["cluster"]), job_name=task["type"],
-                              task_index=task["index"], protocol="grpc", start=True)
-server.join()
-"""
+# The servers are the launcher's own (`python -m keras_distrib.servers` reads TF_CONFIG).
+SERVER_ARGV = [sys.executable, "-m", "keras_distrib.servers"]
 
 
 def free_ports(n: int) -> list[int]:
@@ -87,7 +80,7 @@ class PsCluster:
             for i in range(len(self.spec[job])):
                 self.procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-c", _SERVER_CODE],
+                        SERVER_ARGV,
                         env=task_env(self.spec, job, i, "ps-per-node"),
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
@@ -145,7 +138,7 @@ def run_script_cluster(
                 for i in range(len(spec[job])):
                     servers.append(
                         subprocess.Popen(
-                            [sys.executable, "-c", _SERVER_CODE],
+                            SERVER_ARGV,
                             env=task_env(spec, job, i, layout),
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL,
