@@ -8,8 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from _harness import child_env
+from _harness import child_env, parser
 
 # Runs as the chief (PS layouts) or every worker (allreduce). Under keras_distrib it
 # takes the strategy from the launcher; by hand, from TF_CONFIG. Writes the wall time of
@@ -127,3 +128,12 @@ def run_by_hand(workdir: Path, nodes: int) -> float:
     if chief.returncode != 0 or not mark.exists():
         raise SystemExit(f"hand-written run failed:\n{chief.stderr[-3000:]}")
     return float(mark.read_text()) - start
+
+
+def launcher_args(doc: str | None) -> tuple[Any, int, int]:
+    """(args, rounds, emulated nodes) for the launcher benchmarks; --smoke shrinks both to 1."""
+    p = parser(doc or "")
+    p.add_argument("--nodes", type=int, default=2)
+    args = p.parse_args()
+    return args, 1 if args.smoke else args.rounds, 1 if args.smoke else args.nodes
+

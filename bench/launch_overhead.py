@@ -12,16 +12,12 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from _harness import Comparison, alternate, parser, print_table, save
-from _jobs import run_by_hand, run_keras_distrib
+from _harness import Comparison, alternate, print_table, save
+from _jobs import launcher_args, run_by_hand, run_keras_distrib
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--nodes", type=int, default=2)
-    args = p.parse_args()
-    rounds = 1 if args.smoke else args.rounds
-    nodes = 1 if args.smoke else args.nodes
+    args, rounds, nodes = launcher_args(__doc__)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         c = Comparison("launch -> first step", "keras_distrib", "by hand", "s", target="<= 1.1")

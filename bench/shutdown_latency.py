@@ -12,18 +12,14 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _harness import Comparison, parser, print_table, save
-from _jobs import run_keras_distrib
+from _harness import Comparison, print_table, save
+from _jobs import launcher_args, run_keras_distrib
 
 LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce")
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--nodes", type=int, default=2)
-    args = p.parse_args()
-    rounds = 1 if args.smoke else args.rounds
-    nodes = 1 if args.smoke else args.nodes
+    args, rounds, nodes = launcher_args(__doc__)
     latency: dict[str, list[float]] = {layout: [] for layout in LAYOUTS}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
