@@ -203,8 +203,12 @@ def side_tf_keras(ctx: "Context", steps_per_execution: int = 1) -> Callable[[int
     return run
 
 
-def side_hand_loop(ctx: "Context") -> Callable[[int], float]:
-    """Minimal hand-written ClusterCoordinator loop: K steps per scheduled tf.function."""
+def side_hand_loop(ctx: "Context", unrolled: bool = False) -> Callable[[int], float]:
+    """Minimal hand-written ClusterCoordinator loop: K steps per scheduled tf.function.
+
+    The K steps run in a ``tf.range`` graph loop, or (``unrolled``) a Python loop that
+    unrolls them in the trace, as keras_distrib's trainer does.
+    """
     import keras
     import tensorflow as tf
 
@@ -228,7 +232,7 @@ def side_hand_loop(ctx: "Context") -> Callable[[int], float]:
     @tf.function
     def train_k(iterator: Any) -> Any:
         loss = tf.constant(0.0)
-        for _ in tf.range(k):
+        for _ in range(k) if unrolled else tf.range(k):
             loss = strategy.run(replica_step, args=(next(iterator),))
         return loss
 
@@ -336,6 +340,7 @@ SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
     "tf_keras": side_tf_keras,
     "tf_keras_k": lambda ctx: side_tf_keras(ctx, steps_per_execution=ctx.k),
     "hand_loop": side_hand_loop,
+    "hand_loop_unrolled": lambda ctx: side_hand_loop(ctx, unrolled=True),
     "single_process": side_single_process,
     "pipeline_arrays": lambda ctx: side_stall(ctx, "arrays"),
     "pipeline_files": lambda ctx: side_stall(ctx, "files"),

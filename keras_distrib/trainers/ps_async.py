@@ -14,6 +14,10 @@ Design notes (why):
   bench/ps_throughput.py's cluster (mlp, 4 rounds, ratio to the hand-written
   ``tf.range`` loop): graph loop 0.90, unrolled 1.13 (cnn 1.04). Chunks longer than
   `MAX_UNROLLED_STEPS` keep the graph loop to bound trace time and graph size.
+* Packed variable traffic (trainers/packing.py): each step reads the variables of each
+  ps as one flat tensor and sends the gradients back as one, instead of one transfer per
+  variable. Measured (same cluster, 600/240 timed steps, 3 rounds, ratio to the unrolled
+  hand-written loop): mlp 0.915 -> 1.127, cnn 0.908 -> 1.139.
 * Exact step: Keras 3 ``optimizer.iterations`` loses increments under concurrent workers
   (read-modify-write), so a separate int64 ``global_step`` on a ps is advanced with
   ``assign_add`` (atomic on the ps). Each closure reserves its K step numbers with one
@@ -163,13 +167,24 @@ class ParameterServerTrainer:
 
         model, opt, step, metrics, strategy = self.model, self.optimizer, self.global_step, self.metrics, self.strategy
 
+        import keras
+
+        from . import packing
+
+        variables = model.trainable_variables
+        groups = packing.pack_groups(variables)
+
         def replica_step(batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any]]:
             x, y, sw = unpack(batch)
+            values = packing.read_packed(variables, groups)
             with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                loss = mean_loss(model, x, y, y_pred, sw, training=True)
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
+                tape.watch(values)
+                with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+                    y_pred = model(x, training=True)
+                    loss = mean_loss(model, x, y, y_pred, sw, training=True)
+            grads = tape.gradient(loss, values)
+            packing.write_back(scope, model.non_trainable_variables)
+            opt.apply_gradients(zip(packing.send_packed(grads, groups), variables))
             return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw)
 
         @tf.function

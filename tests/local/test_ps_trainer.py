@@ -154,6 +154,44 @@ def test_fit_callbacks_logs_and_exact_step(strategy: Any, digits: Any, tmp_path:
     assert (tmp_path / "best.keras").exists()
 
 
+def test_packed_steps_keep_regularizers_and_layer_state(strategy: Any, digits: Any) -> None:
+    """Steps run on packed variable values in a StatelessScope (trainers/packing.py):
+    regularisation losses must still be in the loss, and BatchNorm statistics and dropout
+    seeds updated in the scope must reach the ps variables."""
+    import keras
+
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
+
+    def regularised() -> Any:
+        m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10, kernel_regularizer=keras.regularizers.L2(1.0))])
+        m.compile(optimizer=keras.optimizers.SGD(0.0), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    model = build(strategy, regularised)
+    reg = float(sum(np.asarray(loss) for loss in model.losses))
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y_train, model(x_train)).numpy()
+    history = keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=64, steps_per_epoch=20,
+                                verbose=0, strategy=strategy)
+    assert reg > 1.0  # the weights do not move (lr 0): the loss is cross-entropy + reg
+    assert history.history["loss"][0] == pytest.approx(reg + ce, abs=0.2), (reg, ce)
+
+    def stateful() -> Any:
+        m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32), keras.layers.BatchNormalization(),
+                              keras.layers.Dropout(0.5, seed=1), keras.layers.Dense(10)])
+        m.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    model = build(strategy, stateful)
+    seed = next(v for v in model.non_trainable_variables if "seed_generator_state" in v.path)
+    seed_before = np.asarray(seed).copy()
+    keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=64, steps_per_epoch=20, verbose=0,
+                      strategy=strategy)
+    assert np.abs(np.asarray(model.layers[1].moving_mean)).max() > 0.01  # starts at 0
+    assert not np.array_equal(np.asarray(seed), seed_before)  # a new dropout mask per step
+
+
 def test_disjoint_shards_every_example_once(cluster: PsCluster, strategy: Any) -> None:
     """Record the sample ids each closure saw: one shard per worker, none dropped (1001/2)."""
     import tensorflow as tf

@@ -1,0 +1,90 @@
+"""Packed variable traffic between a worker and its parameter servers (traced helpers).
+
+Why: in asynchronous PS training every step reads every trainable variable from its ps
+and sends every gradient back, and TensorFlow moves each tensor between processes with
+its own rendezvous RPC. Packing one ps's variables of one dtype into a single flat tensor
+(concatenated on the ps, split on the worker; gradients the other way round) turns
+2 x (variables) transfers per step into 2 x (ps x dtypes). The forward pass then runs
+on the unpacked values through a `keras.StatelessScope`, and non-trainable state the
+model updated (BatchNorm statistics, dropout seeds) is written back afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ._common import _device
+
+
+@dataclass(frozen=True)
+class PackGroup:
+    """Trainable variables sharing a device and dtype, packed into one transfer."""
+
+    device: str
+    indices: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    sizes: tuple[int, ...]
+
+
+def pack_groups(variables: Sequence[Any]) -> list[PackGroup]:
+    """Group ``variables`` by (device, dtype), keeping their order within a group."""
+    by_key: dict[tuple[str, str], list[int]] = {}
+    for i, v in enumerate(variables):
+        by_key.setdefault((_device(v), str(v.dtype)), []).append(i)
+    groups = []
+    for (device, _), indices in by_key.items():
+        shapes = tuple(tuple(int(d) for d in variables[i].shape) for i in indices)
+        sizes = tuple(_size(s) for s in shapes)
+        groups.append(PackGroup(device, tuple(indices), shapes, sizes))
+    return groups
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def read_packed(variables: Sequence[Any], groups: Sequence[PackGroup]) -> list[Any]:
+    """Current values of ``variables`` as worker tensors, one transfer per group."""
+    import tensorflow as tf
+
+    values: list[Any] = [None] * len(variables)
+    for g in groups:
+        with tf.device(g.device):
+            flat = tf.concat([tf.reshape(variables[i].value, [-1]) for i in g.indices], axis=0)
+        for i, part, shape in zip(g.indices, tf.split(flat, list(g.sizes)), g.shapes):
+            values[i] = tf.reshape(part, shape)
+    return values
+
+
+def send_packed(grads: Sequence[Any], groups: Sequence[PackGroup]) -> list[Any]:
+    """``grads`` moved to their variables' devices, one transfer per group.
+
+    Missing (None) and sparse (IndexedSlices) gradients are left as they are: packing
+    would turn a sparse update into a dense one.
+    """
+    import tensorflow as tf
+
+    out = list(grads)
+    for g in groups:
+        dense = [(i, shape, size) for i, shape, size in zip(g.indices, g.shapes, g.sizes)
+                 if grads[i] is not None and not isinstance(grads[i], tf.IndexedSlices)]
+        if not dense:
+            continue
+        flat = tf.concat([tf.reshape(grads[i], [-1]) for i, _, _ in dense], axis=0)
+        with tf.device(g.device):
+            parts = tf.split(flat, [size for _, _, size in dense])
+            for (i, shape, _), part in zip(dense, parts):
+                out[i] = tf.reshape(part, shape)
+    return out
+
+
+def write_back(scope: Any, variables: Sequence[Any]) -> None:
+    """Assign the values a `keras.StatelessScope` collected for ``variables`` (if any)."""
+    for v in variables:
+        new = scope.get_current_value(v)
+        if new is not None:
+            v.assign(new)
