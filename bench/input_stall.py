@@ -27,8 +27,8 @@ from pathlib import Path
 from _harness import Comparison, print_table, save
 from _train_jobs import launch, model_runs, training_parser
 
-STEPS = {"mlp": 200, "cnn": 80}
-DEFAULT_STEPS = 80
+STEPS = {"mlp": 400, "cnn": 160}
+DEFAULT_STEPS = 160
 
 
 def main() -> None:
