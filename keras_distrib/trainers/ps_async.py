@@ -13,7 +13,8 @@ Design notes (why):
   variable traffic; unrolled, each step is plain dataflow. Measured with
   bench/ps_throughput.py's cluster (mlp, 4 rounds, ratio to the hand-written
   ``tf.range`` loop): graph loop 0.90, unrolled 1.13 (cnn 1.04). Chunks longer than
-  `MAX_UNROLLED_STEPS` keep the graph loop to bound trace time and graph size.
+  `MAX_UNROLLED_STEPS`, or of big models (`MAX_UNROLLED_VARIABLE_STEPS`), keep the graph
+  loop to bound trace time and graph size.
 * Packed variable traffic (trainers/packing.py): each step reads the variables of each
   ps as one flat tensor and sends the gradients back as one, instead of one transfer per
   variable. Measured (same cluster, 600/240 timed steps, 3 rounds, ratio to the unrolled
@@ -78,6 +79,9 @@ from .placement import placement_scope
 DEFAULT_STEPS_PER_EXECUTION = 10
 #: Chunks up to this many steps are unrolled in the trace; longer ones use a graph loop.
 MAX_UNROLLED_STEPS = 32
+#: ...and only while steps x trainable variables stays below this: trace time and graph
+#: size grow with both, and for big models the loop's per-step cost matters little.
+MAX_UNROLLED_VARIABLE_STEPS = 4000
 
 
 def pack_totals(totals: dict[str, Any]) -> Any:
@@ -198,7 +202,8 @@ class ParameterServerTrainer:
             opt.iterations.assign(tf.cast(step.assign_add(n) - n, opt.iterations.dtype))
             totals = zeros_totals(metrics)
             # Unrolled (Python range) up to MAX_UNROLLED_STEPS: see the module docstring.
-            steps = range(num_steps) if num_steps <= MAX_UNROLLED_STEPS else tf.range(num_steps)
+            unroll = num_steps <= MAX_UNROLLED_STEPS and num_steps * len(variables) <= MAX_UNROLLED_VARIABLE_STEPS
+            steps = range(num_steps) if unroll else tf.range(num_steps)
             for _ in steps:
                 loss, n, state = strategy.run(replica_step, args=(next(iterator), totals["state"]))
                 totals = step_totals(totals, loss, n, state)

@@ -192,6 +192,20 @@ def test_packed_steps_keep_regularizers_and_layer_state(strategy: Any, digits: A
     assert not np.array_equal(np.asarray(seed), seed_before)  # a new dropout mask per step
 
 
+def test_long_chunks_run_as_a_graph_loop(strategy: Any, digits: Any) -> None:
+    """K above MAX_UNROLLED_STEPS takes the tf.range path; the remainder chunk is unrolled."""
+    import keras_distrib
+    from keras_distrib.trainers import ps_async
+
+    x_train, _, y_train, _ = digits
+    model = build(strategy)
+    k = ps_async.MAX_UNROLLED_STEPS + 8
+    history = keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, steps_per_epoch=k + 5,
+                                steps_per_execution=k, verbose=0, strategy=strategy)
+    assert int(model._keras_distrib_trainer.global_step.numpy()) == k + 5
+    assert np.isfinite(history.history["loss"][0])
+
+
 def test_disjoint_shards_every_example_once(cluster: PsCluster, strategy: Any) -> None:
     """Record the sample ids each closure saw: one shard per worker, none dropped (1001/2)."""
     import tensorflow as tf
