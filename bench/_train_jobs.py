@@ -425,7 +425,9 @@ def launch(cluster: str, sides: list[str], *, model: str, rounds: int, steps: in
            "--examples", str(examples), "--workdir", str(workdir), "--result", str(result)]
     print(f"  {cluster} {model}: {', '.join(sides)} x {rounds} rounds of {steps} steps", file=sys.stderr, flush=True)
     # TF_USE_LEGACY_KERAS=1: tf.keras means tf_keras (the tf_keras sides); Keras 3 is `import keras`.
+    # The caller's directory stays importable for --models package.module:fn.
     env = child_env(TF_USE_LEGACY_KERAS="1", CUDA_VISIBLE_DEVICES="")
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], os.getcwd()])
     proc = subprocess.run(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout)
     if proc.returncode != 0 or not result.exists():
@@ -452,9 +454,25 @@ def training_parser(doc: str | None) -> Any:
     return p
 
 
+def absolute_model_spec(spec: str) -> str:
+    """``file.py:fn`` with the file made absolute: the training job runs in another directory."""
+    where, _, name = spec.rpartition(":")
+    if where.endswith(".py"):
+        path = Path(where).resolve()
+        if not path.is_file():
+            raise SystemExit(f"--models {spec!r}: no such file {path}. HINT: give a path to a .py file "
+                             "defining fn(keras) -> uncompiled logits model, as file.py:fn")
+        return f"{path}:{name}"
+    return spec
+
+
 def model_runs(args: Any, steps_table: dict[str, int], default_steps: int) -> tuple[int, list[tuple[str, str, int, int]]]:
-    """(rounds, [(model spec, display name, steps per timed epoch, examples)]) for these flags."""
-    models = ["mlp"] if args.smoke else args.models.split(",")
+    """(rounds, [(model spec, display name, steps per timed epoch, examples)]) for these flags.
+
+    ``--smoke`` trains the mlp unless ``--models`` was given explicitly.
+    """
+    default = args.models == training_parser(None).get_default("models")
+    models = ["mlp"] if args.smoke and default else [absolute_model_spec(m) for m in args.models.split(",")]
     rounds = 1 if args.smoke else args.rounds
     runs = []
     for model in models:

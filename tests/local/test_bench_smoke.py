@@ -50,6 +50,20 @@ def test_smoke(program: str, tmp_path: Path) -> None:
         assert (tmp_path / f"{program}.png").stat().st_size > 0
 
 
+def test_a_model_from_a_file_by_relative_path(tmp_path: Path) -> None:
+    """`--models path/file.py:fn` (how a model that is not built in gets benchmarked) works
+    from the caller's directory although the training job runs elsewhere; BatchNorm and
+    dropout go through the trainer's packed step."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "KERAS_DISTRIB_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    model = "bench/models/extra_models.py:bn_cnn"
+    proc = subprocess.run([sys.executable, "bench/ps_throughput.py", "--smoke", "--models", model, "--out", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    names = [c["name"] for c in json.loads((tmp_path / "ps_throughput.json").read_text())["comparisons"]]
+    assert "1. PS throughput bn_cnn" in names, names
+
+
 def test_report_formats_measured_results(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     subprocess.run([sys.executable, str(BENCH / "plan_scaling.py"), "--smoke", "--out", str(tmp_path)],
