@@ -14,8 +14,9 @@ with that signature works: ``--model package.module:fn`` or ``--model path/file.
 Every side compiles it with Adam(1e-3), sparse categorical cross-entropy (from logits)
 and the accuracy metric.
 
-Data: synthetic, seeded: ``--examples`` normal inputs of the model's input shape and
-uniform labels, in memory; every side uses the same global batch (``--batch``): one
+Data: synthetic, seeded: ``--examples`` normal inputs of the model's input shape (integer
+ids below the smallest Embedding's ``input_dim`` if the input is an integer) and uniform
+labels, in memory; every side uses the same global batch (``--batch``): one
 optimizer update consumes ``--batch`` examples (parameter server: per worker step;
 all-reduce: split over the workers).
 
@@ -118,7 +119,12 @@ def synthetic(model_fn: Callable[[Any], Any], examples: int, seed: int = 0) -> t
     shape = tuple(probe.input_shape[1:])
     classes = int(probe.output_shape[-1])
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((examples, *shape), dtype=np.float32)
+    dtype = str(probe.inputs[0].dtype)
+    if "int" in dtype:  # token ids: valid for the smallest Embedding table (else 0/1)
+        vocab = min([layer.input_dim for layer in probe._flatten_layers() if hasattr(layer, "input_dim")] or [2])
+        x = rng.integers(0, vocab, size=(examples, *shape)).astype(dtype)
+    else:
+        x = rng.standard_normal((examples, *shape), dtype=np.float32)
     y = rng.integers(0, classes, size=(examples,)).astype("int32")
     return x, y
 

@@ -33,3 +33,14 @@ def wide_mlp(keras: Any) -> Any:
     h = keras.layers.Dense(512, activation="relu")(h)
     h = keras.layers.Dense(512, activation="relu")(h)
     return keras.Model(inputs, keras.layers.Dense(20)(h))
+
+
+def text_bag(keras: Any) -> Any:
+    """32 token ids -> Embedding(5000, 32) -> mean -> 64 -> 10 logits (sparse gradients)."""
+    return keras.Sequential([
+        keras.Input((32,), dtype="int32"),
+        keras.layers.Embedding(5000, 32),
+        keras.layers.GlobalAveragePooling1D(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(10),
+    ])
