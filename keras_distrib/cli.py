@@ -79,7 +79,6 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
     """Parse, validate, then print the plan or launch it. Returns the exit code."""
     args = arg_parser(prog, local).parse_args(argv)
     env = os.environ
-    job: JobInfo | None = None
     try:
         options = resolve_options(args, env)
         if local:
@@ -101,10 +100,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
 
         return launch(job, plan, options, mode, args.script, args.script_args, check=args.check or not args.script, local=local)
     except ClusterConfigError as exc:
-        # Every task of a step validates the same environment: rank 0 speaks for all, so
-        # `srun --ntasks-per-node=2` shows the error once rather than once per task.
-        if job is None or not job.tasks_launched or job.rank == 0:
-            print(f"{PROG_ERROR_PREFIX} {exc}", file=sys.stderr)
+        print(f"{PROG_ERROR_PREFIX} {exc}", file=sys.stderr)
         return 2
 
 
