@@ -79,6 +79,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
     """Parse, validate, then print the plan or launch it. Returns the exit code."""
     args = arg_parser(prog, local).parse_args(argv)
     env = os.environ
+    job: JobInfo | None = None
     try:
         options = resolve_options(args, env)
         if local:
@@ -96,12 +97,25 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             print(json.dumps(plan.to_json()) if args.format == "json" else format_table(plan))
             return 0
         mode = tasks_mode(job, plan, hint)
-        from .agent import launch  # TensorFlow-free, but only needed past this point
+    except ClusterConfigError as exc:
+        # Every task of a step checks the same environment: rank 0 reports for all, so
+        # `srun --ntasks-per-node=2` shows the error once instead of once per task.
+        return report_error(exc, speaks=job is None or not job.tasks_launched or job.rank == 0)
+    from .agent import launch  # TensorFlow-free, but only needed past this point
 
+    try:
         return launch(job, plan, options, mode, args.script, args.script_args, check=args.check or not args.script, local=local)
     except ClusterConfigError as exc:
+        # Checks of this machine (script path, --interface, protocol) can differ between
+        # nodes: the first task on each node reports.
+        return report_error(exc, speaks=not job.tasks_launched or job.local_rank == 0)
+
+
+def report_error(exc: ClusterConfigError, speaks: bool) -> int:
+    """Print the one-line error (if this task ``speaks`` for the others); exit code 2."""
+    if speaks:
         print(f"{PROG_ERROR_PREFIX} {exc}", file=sys.stderr)
-        return 2
+    return 2
 
 
 def main(scheduler: str | None = None, prog: str = "python -m keras_distrib", local: bool = False) -> None:

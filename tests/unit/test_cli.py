@@ -126,7 +126,7 @@ BAD_INPUT = [
      ["SLURM_STEP_TASKS_PER_NODE='2(x'"]),
     ("too-many-tasks", "keras_distrib.slurm", {**STEP, "SLURM_STEP_TASKS_PER_NODE": "4(x3)"}, [],
      ["SLURM_STEP_TASKS_PER_NODE='4(x3)'", "--ntasks-per-node=1"]),
-    ("real-step-allreduce", "keras_distrib.slurm", fixture_env("slurm_step_task5"), ["--layout", "allreduce"],
+    ("real-step-allreduce", "keras_distrib.slurm", fixture_env("slurm_step_task0"), ["--layout", "allreduce"],
      ["SLURM_STEP_TASKS_PER_NODE='2(x3)'", "--ntasks-per-node=1"]),
     ("unequal-gpus", "keras_distrib", {"KERAS_DISTRIB_HOSTS_FILE": "{tmp}/gpus.yaml"}, [],
      ["ga=2, gb=1", "ps-per-node", "worker-per-gpu"]),
@@ -168,6 +168,23 @@ def test_bad_input(tmp_path: Path, module: str, env: dict[str, str], args: list[
     assert line.startswith("keras_distrib: error: ") and " HINT: " in line
     for text in expected:
         assert text.replace("{tmp}", str(tmp_path)) in line
+
+
+def test_only_rank_zero_of_a_step_prints_a_step_wide_error() -> None:
+    """Every task of `srun --ntasks-per-node=2` fails the same check: one line, not six."""
+    outputs = [run_cli(fixture_env(name), "--layout", "allreduce", "x.py", module="keras_distrib.slurm")
+               for name in ("slurm_step_task0", "slurm_step_task5")]
+    assert [o.returncode for o in outputs] == [2, 2]
+    assert outputs[0].stderr.startswith("keras_distrib: error: ") and "--ntasks-per-node=1" in outputs[0].stderr
+    assert outputs[1].stderr == "" and outputs[1].stdout == ""
+
+
+def test_first_task_of_each_node_prints_a_machine_error() -> None:
+    """Checks of this machine (here: the script path) may differ per node: local rank 0 reports."""
+    env = fixture_env("slurm_step_task5", **ONE_TASK_PER_NODE, SLURM_PROCID="2", SLURM_LOCALID="0")
+    result = run_cli(env, "no-such-script.py", module="keras_distrib.slurm")
+    assert result.returncode == 2
+    assert result.stderr.startswith("keras_distrib: error: SCRIPT 'no-such-script.py' does not exist")
 
 
 # --- TensorFlow-free and fast enough for 10,000 nodes --------------------------------
