@@ -29,15 +29,17 @@ and cluster connection are never timed.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -486,3 +488,14 @@ def model_runs(args: Any, steps_table: dict[str, int], default_steps: int) -> tu
         runs.append((model, model_name(model), steps, 1024 if args.smoke else 4096))
     return rounds, runs
 
+
+def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]]) -> Iterator[tuple[str, Callable[..., dict[str, list[float]]]]]:
+    """Per model of `model_runs`: (display name, run(cluster, sides)) with the shared flags bound.
+
+    All launches share one scratch directory; "NAME: done" is printed after each model.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, name, steps, examples in runs:
+            yield name, functools.partial(launch, model=model, rounds=rounds, steps=steps, batch=args.batch,
+                                          k=args.k, examples=examples, workdir=Path(tmp))
+            print(f"  {name}: done", file=sys.stderr, flush=True)

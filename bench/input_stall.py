@@ -20,12 +20,9 @@ A negative stall means no measurable stall (noise).
 from __future__ import annotations
 
 import statistics
-import sys
-import tempfile
-from pathlib import Path
 
 from _harness import Comparison, print_table, save
-from _train_jobs import launch, model_runs, training_parser
+from _train_jobs import each_model, model_runs, training_parser
 
 STEPS = {"mlp": 400, "cnn": 160}
 DEFAULT_STEPS = 160
@@ -37,18 +34,13 @@ def main() -> None:
     comparisons: list[Comparison] = []
     raw: dict[str, dict[str, list[float]]] = {}
     stall: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for model, name, steps, examples in runs:
-            r = launch("1ps2w", ["pipeline_arrays", "pipeline_files", "cached_batch"], model=model, rounds=rounds,
-                       steps=steps, batch=args.batch, k=args.k, examples=examples,
-                       workdir=Path(tmp))
-            raw[name] = r
-            for kind, label in (("arrays", "ArraySource"), ("files", "FileSource")):
-                c = Comparison(f"8. input {kind} {name}", label, "cached batch", "steps/s",
-                               r[f"pipeline_{kind}"], r["cached_batch"], target="stall = 1 - A/B")
-                comparisons.append(c)
-                stall[c.name] = 1 - statistics.median(c.ratios)
-            print(f"  {name}: done", file=sys.stderr, flush=True)
+    for name, run in each_model(args, rounds, runs):
+        r = raw[name] = run("1ps2w", ["pipeline_arrays", "pipeline_files", "cached_batch"])
+        for kind, label in (("arrays", "ArraySource"), ("files", "FileSource")):
+            c = Comparison(f"8. input {kind} {name}", label, "cached batch", "steps/s",
+                           r[f"pipeline_{kind}"], r["cached_batch"], target="stall = 1 - A/B")
+            comparisons.append(c)
+            stall[c.name] = 1 - statistics.median(c.ratios)
     print_table(f"Input stall, parameter-server trainer, chief + 2 workers + 1 ps "
                 f"(batch {args.batch}, K={args.k}, {rounds} rounds)", comparisons)
     for key, value in stall.items():

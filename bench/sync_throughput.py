@@ -17,12 +17,9 @@ timed. Ratios are of steps/s, median and min-max over rounds.
 
 from __future__ import annotations
 
-import sys
-import tempfile
-from pathlib import Path
 
 from _harness import Comparison, print_table, save
-from _train_jobs import launch, model_runs, training_parser
+from _train_jobs import each_model, model_runs, training_parser
 
 #: Steps per timed epoch: about 1-2 s of training per side on the 2-core machine.
 STEPS = {"mlp": 150, "cnn": 50}
@@ -34,18 +31,14 @@ def main() -> None:
     rounds, runs = model_runs(args, STEPS, DEFAULT_STEPS)
     comparisons: list[Comparison] = []
     raw: dict[str, dict[str, list[float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for model, name, steps, examples in runs:
-            r = launch("2w", ["keras_distrib", "tf_keras", "tf_keras_k"], model=model, rounds=rounds, steps=steps,
-                       batch=args.batch, k=args.k, examples=examples, workdir=Path(tmp))
-            raw[name] = r
-            comparisons += [
-                Comparison(f"3. sync throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
-                           r["keras_distrib"], r["tf_keras"], target=">= 1.0"),
-                Comparison(f"3b. vs tuned tf_keras {name}", "keras_distrib", f"tf_keras fit spe={args.k}", "steps/s",
-                           r["keras_distrib"], r["tf_keras_k"], target="(info)"),
-            ]
-            print(f"  {name}: done", file=sys.stderr, flush=True)
+    for name, run in each_model(args, rounds, runs):
+        r = raw[name] = run("2w", ["keras_distrib", "tf_keras", "tf_keras_k"])
+        comparisons += [
+            Comparison(f"3. sync throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
+                       r["keras_distrib"], r["tf_keras"], target=">= 1.0"),
+            Comparison(f"3b. vs tuned tf_keras {name}", "keras_distrib", f"tf_keras fit spe={args.k}", "steps/s",
+                       r["keras_distrib"], r["tf_keras_k"], target="(info)"),
+        ]
     print_table(f"Synchronous throughput, MultiWorkerMirroredStrategy, 2 workers "
                 f"(global batch {args.batch}, K={args.k}, {rounds} rounds)", comparisons)
     save("sync_throughput", comparisons, {"batch": args.batch, "k": args.k, "models": [run[0] for run in runs],

@@ -12,6 +12,7 @@ model updated (BatchNorm statistics, dropout seeds) is written back afterwards.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -33,31 +34,21 @@ class PackGroup:
     sizes: tuple[int, ...]
 
 
-def pack_groups(variables: Sequence[Any], max_elements: int | None = None) -> list[PackGroup]:
+def pack_groups(variables: Sequence[Any], max_elements: int = MAX_PACKED_ELEMENTS) -> list[PackGroup]:
     """Group ``variables`` by (device, dtype), keeping their order within a group.
 
     Variables over ``max_elements`` get a group of their own: copying them into a packed
     buffer costs more than the transfer it saves.
     """
-    if max_elements is None:
-        max_elements = MAX_PACKED_ELEMENTS
+    shapes = [tuple(int(d) for d in v.shape) for v in variables]
     by_key: dict[tuple[str, str] | int, list[int]] = {}
-    for i, v in enumerate(variables):
-        big = _size(tuple(int(d) for d in v.shape)) > max_elements
+    for i, (v, shape) in enumerate(zip(variables, shapes)):
+        big = math.prod(shape) > max_elements
         by_key.setdefault(i if big else (_device(v), str(v.dtype)), []).append(i)
-    groups = []
-    for indices in by_key.values():
-        shapes = tuple(tuple(int(d) for d in variables[i].shape) for i in indices)
-        sizes = tuple(_size(s) for s in shapes)
-        groups.append(PackGroup(_device(variables[indices[0]]), tuple(indices), shapes, sizes))
-    return groups
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return [
+        PackGroup(_device(variables[ix[0]]), tuple(ix), tuple(shapes[i] for i in ix), tuple(math.prod(shapes[i]) for i in ix))
+        for ix in by_key.values()
+    ]
 
 
 def read_packed(variables: Sequence[Any], groups: Sequence[PackGroup]) -> list[Any]:

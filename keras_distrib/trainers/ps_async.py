@@ -73,6 +73,7 @@ from ._common import (
     unpack,
     zeros_totals,
 )
+from . import packing
 from .placement import placement_scope
 
 #: Default steps per scheduled function (see module docstring for the measurement).
@@ -172,8 +173,6 @@ class ParameterServerTrainer:
         model, opt, step, metrics, strategy = self.model, self.optimizer, self.global_step, self.metrics, self.strategy
 
         import keras
-
-        from . import packing
 
         variables = model.trainable_variables
         groups = packing.pack_groups(variables)

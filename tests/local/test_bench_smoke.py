@@ -29,11 +29,17 @@ def _positive_finite(value: object) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-@pytest.mark.parametrize("program", PROGRAMS)
-def test_smoke(program: str, tmp_path: Path) -> None:
+def bench_env() -> dict[str, str]:
+    """This environment without scheduler variables, with the repo importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "KERAS_DISTRIB_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return env
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_smoke(program: str, tmp_path: Path) -> None:
+    env = bench_env()
     proc = subprocess.run([sys.executable, str(BENCH / f"{program}.py"), "--smoke", "--out", str(tmp_path)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, f"{program} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -54,11 +60,9 @@ def test_a_model_from_a_file_by_relative_path(tmp_path: Path) -> None:
     """`--models path/file.py:fn` (how a model that is not built in gets benchmarked) works
     from the caller's directory although the training job runs elsewhere; BatchNorm and
     dropout go through the trainer's packed step."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "KERAS_DISTRIB_"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     model = "bench/models/extra_models.py:bn_cnn"
     proc = subprocess.run([sys.executable, "bench/ps_throughput.py", "--smoke", "--models", model, "--out", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=bench_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     names = [c["name"] for c in json.loads((tmp_path / "ps_throughput.json").read_text())["comparisons"]]
     assert "1. PS throughput bn_cnn" in names, names
