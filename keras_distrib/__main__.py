@@ -1,5 +1,5 @@
 """`python -m keras_distrib`: auto-detect the scheduler, then plan or launch."""
 
-from .cli import main
+from .launcher.cli import main
 
 main()

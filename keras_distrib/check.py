@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .network import wait_reachable
 from .plan import CHIEF, Plan, Process
-from .servers import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR
+from .contract import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`python -m keras_distrib.local --nodes N SCRIPT`: emulate N nodes on this machine."""
 
-from .cli import main
+from .launcher.cli import main
 
 if __name__ == "__main__":
     main(None, "python -m keras_distrib.local", local=True)

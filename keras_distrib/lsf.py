@@ -1,6 +1,6 @@
-"""`python -m keras_distrib.lsf`: plan and launch under LSF (see keras_distrib.cli)."""
+"""`python -m keras_distrib.lsf`: plan and launch under LSF (see keras_distrib.launcher.cli)."""
 
-from .cli import main
+from .launcher.cli import main
 
 if __name__ == "__main__":
     main("lsf", "python -m keras_distrib.lsf")

@@ -7,50 +7,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import subprocess
-import sys
 
-from cluster_parsers import ClusterConfigError
-
-PROTOCOL_VAR = "KERAS_DISTRIB_PROTOCOL"
-STARTUP_TIMEOUT_VAR = "KERAS_DISTRIB_STARTUP_TIMEOUT"
-
-
-def protocol_error(protocol: str) -> str | None:
-    """None when this TensorFlow build can serve ``protocol``, else TensorFlow's reason.
-
-    Probed in a child process so TensorFlow's start-up logging stays out of our output.
-    """
-    probe = (
-        "import sys, tensorflow as tf\n"
-        "spec = tf.train.ClusterSpec({'probe': ['localhost:0']})\n"
-        "try:\n"
-        "    tf.distribute.Server(spec, job_name='probe', task_index=0, protocol=sys.argv[1], start=False)\n"
-        "except Exception as exc:\n"
-        "    print(exc)\n"
-        "    sys.exit(1)\n"
-    )
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", probe, protocol], env=env, capture_output=True, text=True)
-    return None if result.returncode == 0 else (result.stdout or result.stderr).strip()
-
-
-def require_protocol(protocol: str) -> None:
-    """Fail before anything starts when the TensorFlow build lacks ``protocol``."""
-    if protocol == "grpc":
-        return
-    reason = protocol_error(protocol)
-    if reason is None:
-        return
-    factories = re.search(r"available server factories are: \[([^\]]*)\]", reason)
-    available = factories.group(1).strip() if factories else reason.splitlines()[-1]
-    raise ClusterConfigError(
-        f"--protocol {protocol!r} is not supported by this TensorFlow build (available server factories: {available}).",
-        "stock TensorFlow only has grpc; for RDMA use --layout allreduce, whose NCCL collectives use "
-        "InfiniBand/RoCE when present (tune with NCCL_IB_HCA, NCCL_SOCKET_IFNAME).",
-    )
+from .contract import PROTOCOL_VAR
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
-"""`python -m keras_distrib.sge`: plan and launch under SGE (see keras_distrib.cli)."""
+"""`python -m keras_distrib.sge`: plan and launch under SGE (see keras_distrib.launcher.cli)."""
 
-from .cli import main
+from .launcher.cli import main
 
 if __name__ == "__main__":
     main("sge", "python -m keras_distrib.sge")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from _unit_helpers import FIXTURES, clean_env, fixture_env, run_cli
 
-from keras_distrib.options import Options
+from keras_distrib.launcher.options import Options
 
 PROCESS_KEYS = {"node", "job", "index", "address", "gpus"}
 PLAN_KEYS = {"scheduler", "job_id", "nodes", "layout", "cluster", "processes"}
@@ -201,7 +201,7 @@ def test_plan_path_never_imports_tensorflow() -> None:
 
 
 def test_importing_the_packages_never_imports_tensorflow() -> None:
-    code = ("import sys, cluster_parsers, keras_distrib, keras_distrib.plan, keras_distrib.cli, keras_distrib.options\n"
+    code = ("import sys, cluster_parsers, keras_distrib, keras_distrib.plan, keras_distrib.launcher.cli, keras_distrib.launcher.options\n"
             f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(HEAVY)!r})\n"
             "assert not heavy, heavy")
     result = subprocess.run([sys.executable, "-c", code], env=clean_env({}), capture_output=True, text=True, timeout=60)

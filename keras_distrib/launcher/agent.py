@@ -2,7 +2,7 @@
 
 One agent runs per node (or per task in per-role mode, or one for everything in local
 mode). Agent 0 runs on the chief's node; the others connect to it over the control
-channel (keras_distrib.control). The rules:
+channel (keras_distrib.launcher.control). The rules:
 
 * start-up: agent 0 waits for every agent to connect, then all start their processes at
   once; an agent or TF server still missing after --startup-timeout is named in one line;
@@ -29,10 +29,12 @@ from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
 
 from . import control
 from .children import Child, child_env, describe_exit, shell_exit_code, spawn
-from .network import interface_ipv4, wait_reachable
+from ..contract import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR
+from ..network import wait_reachable
+from ..plan import CHIEF, Plan, Process, build_plan, process_for_task
+from .interfaces import interface_ipv4
 from .options import Options
-from .plan import CHIEF, Plan, Process, build_plan, process_for_task
-from .servers import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR, require_protocol
+from .prestart import require_protocol
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # How long an agent with no script waits for agent 0's stop order after SIGTERM/SIGINT.

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from cluster_parsers import ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
 
 from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
-from .plan import Plan, build_plan, check_task_counts, tasks_mode
+from ..plan import Plan, build_plan, check_task_counts, tasks_mode
 
 PROG_ERROR_PREFIX = "keras_distrib: error:"
 

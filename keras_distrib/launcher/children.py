@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .plan import Process
+from ..plan import Process
 
 _PR_SET_PDEATHSIG = 1
 
