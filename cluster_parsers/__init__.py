@@ -9,7 +9,6 @@ from .base import (
     JobInfo,
     expand_hosts,
     expand_tasks_per_node,
-    mpi_rank,
     node_of_rank,
     split_gpu_ids,
 )
@@ -27,6 +26,7 @@ from .registry import (
 from .sge import SgeParser
 from .slurm import SlurmParser
 from .static import StaticParser
+from .tasks import LauncherCounts, Tasks, launched_tasks, launcher_counts, mpi_rank
 
 __all__ = [
     "BUILTIN_PARSERS",
@@ -40,7 +40,11 @@ __all__ = [
     "SgeParser",
     "SlurmParser",
     "StaticParser",
+    "LauncherCounts",
+    "Tasks",
     "all_parsers",
+    "launched_tasks",
+    "launcher_counts",
     "detect",
     "get_parser",
     "expand_hosts",

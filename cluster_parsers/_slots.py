@@ -15,7 +15,9 @@ def read_host_file(var: str, path: str, hint: str) -> list[str]:
         text = Path(path).read_text()
     except OSError as exc:
         raise ClusterConfigError(f"{var}={path!r} cannot be read ({exc.strerror}).", hint) from None
-    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    except (UnicodeDecodeError, ValueError) as exc:  # binary junk, or a NUL byte in the path
+        raise ClusterConfigError(f"{var}={path!r} is not a text file ({exc}).", hint) from None
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
         raise ClusterConfigError(f"{var}={path!r} is empty.", hint)
     return lines
@@ -27,17 +29,6 @@ def group_slots(slot_hosts: Sequence[str]) -> tuple[list[str], list[int]]:
     for host in slot_hosts:
         counts[host] = counts.get(host, 0) + 1
     return list(counts), list(counts.values())
-
-
-def place_rank(rank: int, slot_hosts: Sequence[str], nodes: Sequence[str], var: str) -> tuple[int, int]:
-    """(node index, local rank) of the task on slot ``rank`` of a per-slot host list."""
-    if not 0 <= rank < len(slot_hosts):
-        raise ClusterConfigError(
-            f"rank {rank} is outside the {len(slot_hosts)} slot(s) listed in {var}.",
-            "the rank variable and the host file come from different jobs.",
-        )
-    host = slot_hosts[rank]
-    return nodes.index(host), sum(1 for h in slot_hosts[:rank] if h == host)
 
 
 def local_host_index(nodes: Sequence[str], env: Mapping[str, str]) -> int | None:

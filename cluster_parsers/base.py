@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -107,8 +108,8 @@ class ClusterParser(ABC):
             f"{' / '.join(names)} is not set (scheduler {self.name}).", hint
         )
 
-    def int_var(self, name: str, default: int | None = None) -> int:
-        """Read an integer variable, with an error naming it when malformed."""
+    def int_var(self, name: str, default: int | None = None, minimum: int | None = None) -> int:
+        """Read an integer variable, with an error naming it when malformed or below ``minimum``."""
         raw = self.env.get(name)
         if raw is None or raw == "":
             if default is None:
@@ -118,18 +119,70 @@ class ClusterParser(ABC):
                 )
             return default
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError:
             raise ClusterConfigError(
                 f"{name}={raw!r} is not an integer.",
                 f"{name} is set by {self.name}; unset it or give a whole number.",
             ) from None
+        if minimum is not None and value < minimum:
+            raise ClusterConfigError(
+                f"{name}={raw!r} is below {minimum}.",
+                f"{name} is set by {self.name}; unset it or give a whole number >= {minimum}.",
+            )
+        return value
+
+    @staticmethod
+    def check_index(var: str, index: int, count: int, list_var: str) -> None:
+        """Refuse a node index outside the node list."""
+        if not 0 <= index < count:
+            raise ClusterConfigError(
+                f"{var}={index} is outside {list_var} ({count} node(s)).",
+                "the variable and the node list come from different jobs; run inside the job.",
+            )
+
+
+#: What a host name may hold: letters, digits, dots, dashes, underscores (RFC 952/1123 plus
+#: the underscore some sites use). Anything else would end up inside "host:port" addresses.
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+#: The most nodes or tasks per node a variable may describe (python-hostlist's own limit).
+MAX_EXPANDED = 100_000
+
+
+def check_host_names(source: str, hosts: list[str]) -> None:
+    """Refuse host names that cannot be a machine's name."""
+    for host in hosts:
+        if not HOST_NAME.fullmatch(host):
+            raise ClusterConfigError(
+                f"{source} holds {host!r}, which is not a host name.",
+                "host names use letters, digits, '.', '-' and '_' only; fix the list or the file.",
+            )
+
+
+def _blanks_as_commas(value: str) -> str:
+    """``a, b[1, 3]  c`` -> ``a,b[1,3],c``: blanks separate hosts outside brackets."""
+    out: list[str] = []
+    depth = 0
+    for char in value.strip():
+        depth += (char == "[") - (char == "]")
+        if char.isspace():
+            if depth == 0 and out and out[-1] != ",":
+                out.append(",")
+        elif char == "," and out and out[-1] == ",":
+            continue
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 def expand_hosts(var: str, value: str) -> list[str]:
-    """Expand a hostlist such as ``r[1-2]n[01-02]`` in the scheduler's order."""
+    """Expand a hostlist such as ``r[1-2]n[01-02]`` in the scheduler's order.
+
+    Blanks separate hosts like commas (``alpha, host[5-9]``), as Slurm's own hostlist does.
+    """
+    compact = _blanks_as_commas(value)
     try:
-        hosts = hostlist.expand_hostlist(value, sort=False)
+        hosts = hostlist.expand_hostlist(compact, sort=False)
     except hostlist.BadHostlist as exc:
         raise ClusterConfigError(
             f"{var}={value!r} is not a valid hostlist ({exc}).",
@@ -137,11 +190,17 @@ def expand_hosts(var: str, value: str) -> list[str]:
         ) from None
     if not hosts:
         raise ClusterConfigError(f"{var}={value!r} names no host.", f"set {var} to the job's nodes.")
+    check_host_names(f"{var}={value!r}", hosts)
     return hosts
 
 
 def expand_tasks_per_node(var: str, value: str, num_nodes: int, nodes_var: str) -> list[int]:
     """Expand Slurm's compressed ``2(x3),1`` into one count per node."""
+    repeats = [int(n) for n in re.findall(r"\(x(\d+)\)", value)]
+    if sum(repeats) > MAX_EXPANDED:
+        raise ClusterConfigError(
+            f"{var}={value!r} describes more than {MAX_EXPANDED} nodes.", "expected a list like 2(x3),1."
+        )
     try:
         counts = hostlist.parse_slurm_tasks_per_node(value)
     except (hostlist.BadHostlist, ValueError) as exc:
@@ -167,23 +226,6 @@ def split_gpu_ids(var: str, value: str) -> tuple[str, ...]:
     if any(not i for i in ids):
         raise ClusterConfigError(f"{var}={value!r} has an empty GPU id.", "expected ids like 0,1 or 2,3.")
     return ids
-
-
-def mpi_rank(env: Mapping[str, str]) -> tuple[int, int] | None:
-    """(global rank, local rank) from an MPI launcher, when one set them."""
-    for rank_var, local_var in MPI_RANK_VARS:
-        if env.get(rank_var, "").isdigit():
-            local = env.get(local_var, "0") if local_var else "0"
-            return int(env[rank_var]), int(local) if local.isdigit() else 0
-    return None
-
-
-#: (global rank, local rank) variable pairs, Open MPI first since it also sets PMIX_RANK.
-MPI_RANK_VARS: tuple[tuple[str, str], ...] = (
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
-    ("PMIX_RANK", "MPI_LOCALRANKID"),
-    ("PMI_RANK", "MPI_LOCALRANKID"),
-)
 
 
 def node_of_rank(rank: int, tasks_per_node: tuple[int, ...] | list[int]) -> tuple[int, int]:

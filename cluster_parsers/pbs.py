@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from ._slots import group_slots, local_host_index, place_rank, read_host_file
-from .base import ClusterParser, JobInfo, mpi_rank, split_gpu_ids
+from ._slots import group_slots, local_host_index, read_host_file
+from .base import ClusterParser, JobInfo, check_host_names, split_gpu_ids
+from .tasks import launched_tasks
 
 
 class PbsParser(ClusterParser):
-    """Nodes and slots from PBS_NODEFILE; rank from PBS_VNODENUM or an MPI launcher."""
+    """Nodes and slots from PBS_NODEFILE; tasks from an MPI launcher (see ``tasks.py``)."""
 
     name = "pbs"
     detect_vars = ("PBS_JOBID",)
@@ -26,43 +27,48 @@ class PbsParser(ClusterParser):
         _, path = self.require(
             self.nodefile_var, hint="PBS sets PBS_NODEFILE inside a job; submit with qsub -l select=..."
         )
-        slots = read_host_file(
+        slot_hosts = read_host_file(
             self.nodefile_var, path, hint="run inside the PBS job that owns this node file."
         )
-        nodes, counts = group_slots(slots)
-        rank, node_index, local_rank = self._place(slots, nodes)
-        # Torque sets PBS_VNODENUM/PBS_TASKNUM in the job script and under pbsdsh -u too,
-        # so only an MPI launcher tells us that one task per slot was started.
-        launched = mpi_rank(self.env) is not None
+        check_host_names(f"{self.nodefile_var}={path!r}", slot_hosts)
+        nodes, slots = group_slots(slot_hosts)
+        # Torque sets PBS_VNODENUM/PBS_TASKNUM in the job script and under pbsdsh -u too:
+        # they place this task on a slot but do not say how many tasks were started.
+        tasks = launched_tasks(
+            self.env,
+            nodes,
+            slots,
+            f"{self.nodefile_var}={path!r}",
+            self.agent_launch_hint,
+            slot_hosts=slot_hosts,
+            this_node=self._this_node(nodes),
+            slot_rank=self._slot_rank(),
+        )
         gpus = split_gpu_ids(self.gpu_vars[0], self.env.get(self.gpu_vars[0], ""))
         return JobInfo(
             scheduler=self.name,
             job_id=job_id,
             nodes=tuple(nodes),
-            tasks_per_node=tuple(counts),
-            rank=rank,
-            local_rank=local_rank,
-            node_index=node_index,
-            tasks_source=f"{self.nodefile_var}={path!r}",
-            tasks_launched=launched,
+            tasks_per_node=tasks.tasks_per_node,
+            rank=tasks.rank,
+            local_rank=tasks.local_rank,
+            node_index=tasks.node_index,
+            tasks_source=tasks.source,
+            tasks_launched=tasks.launched,
             node_gpus=tuple(gpus for _ in nodes),
         )
 
-    def _place(self, slots: list[str], nodes: list[str]) -> tuple[int, int, int]:
+    def _slot_rank(self) -> int | None:
         if self.env.get(self.slot_rank_var):
-            rank = self.int_var(self.slot_rank_var)
-        elif (mpi := mpi_rank(self.env)) is not None:
-            rank = mpi[0]
-        elif self.env.get(self.task_num_var):
-            rank = self.int_var(self.task_num_var) - 1
-        else:
-            # The job script itself (no task launcher): it runs on the first node,
-            # unless PBS_NODENUM or the host name says otherwise.
-            index = (
-                self.int_var(self.node_num_var)
-                if self.env.get(self.node_num_var)
-                else local_host_index(nodes, self.env) or 0
-            )
-            return slots.index(nodes[index]), index, 0
-        node_index, local_rank = place_rank(rank, slots, nodes, self.nodefile_var)
-        return rank, node_index, local_rank
+            return self.int_var(self.slot_rank_var, minimum=0)
+        if self.env.get(self.task_num_var):
+            return self.int_var(self.task_num_var, minimum=1) - 1
+        return None
+
+    def _this_node(self, nodes: list[str]) -> int | None:
+        """PBS_NODENUM, else the host name (the job script runs on the first node)."""
+        if self.env.get(self.node_num_var):
+            index = self.int_var(self.node_num_var, minimum=0)
+            self.check_index(self.node_num_var, index, len(nodes), self.nodefile_var)
+            return index
+        return local_host_index(nodes, self.env)

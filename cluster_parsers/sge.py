@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from ._slots import local_host_index, read_host_file
-from .base import ClusterConfigError, ClusterParser, JobInfo, mpi_rank, node_of_rank, split_gpu_ids
+from ._slots import read_host_file
+from .base import ClusterConfigError, ClusterParser, JobInfo, check_host_names, split_gpu_ids
+from .tasks import launched_tasks
 
 
 class SgeParser(ClusterParser):
-    """Nodes and slots from PE_HOSTFILE; rank from an MPI launcher or the host name."""
+    """Nodes and slots from PE_HOSTFILE; tasks from an MPI launcher (see ``tasks.py``)."""
 
     name = "sge"
     detect_vars = ("PE_HOSTFILE", "SGE_ROOT")
@@ -30,29 +31,16 @@ class SgeParser(ClusterParser):
             self.hostfile_var,
             hint="request a parallel environment: qsub -pe <pe> N (PE_HOSTFILE is only set for PE jobs).",
         )
-        lines = read_host_file(self.hostfile_var, path, hint="run inside the SGE job that owns this file.")
-        nodes, counts = [], []
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 2 or not fields[1].isdigit() or int(fields[1]) < 1:
-                raise ClusterConfigError(
-                    f"{self.hostfile_var}={path!r} has a malformed line {line!r}.",
-                    "expected 'host slots queue processors' per line, as SGE writes it.",
-                )
-            nodes.append(fields[0])
-            counts.append(int(fields[1]))
-        if self.env.get(self.slots_var) and self.int_var(self.slots_var) != sum(counts):
+        source = f"{self.hostfile_var}={path!r}"
+        slots_of = self._host_slots(path, source)
+        nodes, slots = list(slots_of), list(slots_of.values())
+        if self.env.get(self.slots_var) and self.int_var(self.slots_var) != sum(slots):
             raise ClusterConfigError(
-                f"{self.slots_var}={self.env[self.slots_var]} but {self.hostfile_var} lists {sum(counts)} slot(s).",
+                f"{self.slots_var}={self.env[self.slots_var]} but {self.hostfile_var} lists {sum(slots)} slot(s).",
                 "NSLOTS and PE_HOSTFILE must come from the same job.",
             )
-        if (mpi := mpi_rank(self.env)) is not None:
-            rank = mpi[0]
-            node_index, local_rank = node_of_rank(rank, counts)
-        else:
-            node_index = local_host_index(nodes, self.env) or 0
-            rank, local_rank = sum(counts[:node_index]), 0
-        gpus = ()
+        tasks = launched_tasks(self.env, nodes, slots, source, self.agent_launch_hint)
+        gpus: tuple[str, ...] = ()
         for var in self.gpu_vars:
             if var in self.env:
                 gpus = split_gpu_ids(var, self.env[var].replace(" ", ","))
@@ -61,11 +49,26 @@ class SgeParser(ClusterParser):
             scheduler=self.name,
             job_id=job_id,
             nodes=tuple(nodes),
-            tasks_per_node=tuple(counts),
-            rank=rank,
-            local_rank=local_rank,
-            node_index=node_index,
-            tasks_source=f"{self.hostfile_var}={path!r}",
-            tasks_launched=mpi_rank(self.env) is not None,
+            tasks_per_node=tasks.tasks_per_node,
+            rank=tasks.rank,
+            local_rank=tasks.local_rank,
+            node_index=tasks.node_index,
+            tasks_source=tasks.source,
+            tasks_launched=tasks.launched,
             node_gpus=tuple(gpus for _ in nodes),
         )
+
+    def _host_slots(self, path: str, source: str) -> dict[str, int]:
+        """Slots per host in file order; a host in several queues is one node (sge_pe(5))."""
+        lines = read_host_file(self.hostfile_var, path, hint="run inside the SGE job that owns this file.")
+        slots_of: dict[str, int] = {}
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 2 or not fields[1].isascii() or not fields[1].isdigit() or int(fields[1]) < 1:
+                raise ClusterConfigError(
+                    f"{source} has a malformed line {line!r}.",
+                    "expected 'host slots queue processors' per line, as SGE writes it.",
+                )
+            check_host_names(source, fields[:1])
+            slots_of[fields[0]] = slots_of.get(fields[0], 0) + int(fields[1])
+        return slots_of

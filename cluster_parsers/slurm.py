@@ -10,6 +10,7 @@ from .base import (
     expand_tasks_per_node,
     split_gpu_ids,
 )
+from .tasks import Tasks, launched_tasks, launcher_counts
 
 
 class SlurmParser(ClusterParser):
@@ -25,12 +26,18 @@ class SlurmParser(ClusterParser):
     step_vars = ("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_TASKS")
     job_vars = ("SLURM_JOB_NODELIST", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS")
     legacy_nodelist_var = "SLURM_NODELIST"
+    # A heterogeneous job sets one copy per component, e.g. SLURM_JOB_NODELIST_HET_GROUP_0
+    # (PACK_GROUP before Slurm 20.02), and SLURM_HET_SIZE (heterogeneous_jobs.html).
+    het_markers = ("_HET_GROUP_", "_PACK_GROUP_")
+    het_size_vars = ("SLURM_HET_SIZE", "SLURM_PACK_SIZE")
     rank_var = "SLURM_PROCID"
     local_rank_var = "SLURM_LOCALID"
     node_id_var = "SLURM_NODEID"
     node_name_var = "SLURMD_NODENAME"
-    # Most specific first; ids are kept exactly as Slurm gives them.
-    gpu_vars = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")
+    # The ids the process can open come first: under ConstrainDevices=yes Slurm renumbers
+    # them from 0 in CUDA_VISIBLE_DEVICES, while SLURM_STEP_GPUS/SLURM_JOB_GPUS keep the
+    # node's global ids ("not relative to any device cgroup", sbatch(1)).
+    gpu_vars = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
     gpu_count_var = "SLURM_GPUS_ON_NODE"
 
     def parse(self) -> JobInfo:
@@ -39,45 +46,87 @@ class SlurmParser(ClusterParser):
             hint="run inside a Slurm allocation: srun --ntasks-per-node=1 python -m "
             "keras_distrib.slurm ..., or from an sbatch/salloc shell.",
         )
-        nodes_var, tasks_var, ntasks_var = (
-            self.step_vars if self.env.get(self.step_vars[0]) else self.job_vars
-        )
+        in_step = bool(self.env.get(self.step_vars[0]))
+        nodes_var, tasks_var, ntasks_var = self.step_vars if in_step else self.job_vars
         if not self.env.get(nodes_var) and self.env.get(self.legacy_nodelist_var):
             nodes_var = self.legacy_nodelist_var
+        if not self.env.get(nodes_var):
+            self._refuse_heterogeneous_job(nodes_var)
         _, nodelist = self.require(
             nodes_var, hint="run inside a Slurm job or step (srun/sbatch/salloc)."
         )
         nodes = expand_hosts(nodes_var, nodelist)
         raw_tasks = self.env.get(tasks_var)
         if raw_tasks:
-            tasks = expand_tasks_per_node(tasks_var, raw_tasks, len(nodes), nodes_var)
+            slots = expand_tasks_per_node(tasks_var, raw_tasks, len(nodes), nodes_var)
+            source = f"{tasks_var}={raw_tasks!r}"
         else:
-            tasks = [1] * len(nodes)
+            slots = [1] * len(nodes)
+            source = f"{nodes_var}={nodelist!r} ({tasks_var} unset: 1 task per node)"
         if self.env.get(ntasks_var):
-            total = self.int_var(ntasks_var)
-            if total != sum(tasks):
+            total = self.int_var(ntasks_var, minimum=1)
+            if total != sum(slots):
                 raise ClusterConfigError(
-                    f"{ntasks_var}={total} but {tasks_var}={raw_tasks!r} adds up to {sum(tasks)}.",
+                    f"{ntasks_var}={total} but {source} adds up to {sum(slots)}.",
                     f"{ntasks_var} and {tasks_var} must describe the same step; unset stale copies.",
                 )
-        rank = self.int_var(self.rank_var, default=0)
-        local_rank = self.int_var(self.local_rank_var, default=0)
-        node_index = self._node_index(nodes, nodes_var)
+        tasks = self._tasks(nodes, slots, source, nodes_var, in_step)
         gpus = self._gpus()
         return JobInfo(
             scheduler=self.name,
             job_id=job_id,
             nodes=tuple(nodes),
-            tasks_per_node=tuple(tasks),
-            rank=rank,
-            local_rank=local_rank,
-            node_index=node_index,
-            tasks_source=f"{tasks_var}={raw_tasks!r}" if raw_tasks else "",
-            # Outside a step (an sbatch/salloc shell) the job variables count allocated
-            # slots; no srun has started tasks yet.
-            tasks_launched=nodes_var == self.step_vars[0],
+            tasks_per_node=tasks.tasks_per_node,
+            rank=tasks.rank,
+            local_rank=tasks.local_rank,
+            node_index=tasks.node_index,
+            tasks_source=tasks.source,
+            tasks_launched=tasks.launched,
             node_gpus=tuple(gpus for _ in nodes),
         )
+
+    def _tasks(self, nodes: list[str], slots: list[int], source: str, nodes_var: str, in_step: bool) -> Tasks:
+        """srun's own placement in a step; otherwise the shared rule (mpirun in an sbatch shell).
+
+        An MPI launcher inside a step wins when it started a different number of tasks:
+        Open MPI's mpirun starts its daemons with srun, one per node, so the step
+        variables describe the daemons, not the ranks.
+        """
+        launcher = launcher_counts(self.env)
+        if in_step and (launcher is None or launcher.size in (None, sum(slots))):
+            rank = self.int_var(self.rank_var, default=0, minimum=0)
+            if rank >= sum(slots):
+                raise ClusterConfigError(
+                    f"{self.rank_var}={rank} is outside the {sum(slots)} task(s) of {source}.",
+                    "the step variables come from another step; start this command with srun.",
+                )
+            local_rank = self.int_var(self.local_rank_var, default=0, minimum=0)
+            node_index = self._node_index(nodes, nodes_var)
+            if local_rank >= slots[node_index]:
+                raise ClusterConfigError(
+                    f"{self.local_rank_var}={local_rank} is outside the {slots[node_index]} task(s) "
+                    f"of node {nodes[node_index]} in {source}.",
+                    "the step variables come from another step; start this command with srun.",
+                )
+            return Tasks(tuple(slots), rank, local_rank, node_index, True, source)
+        if launcher is None:
+            # An sbatch/salloc shell: the job variables count allocated slots; no task
+            # launcher has started anything yet. The shell runs on the first node.
+            node_index = self._node_index(nodes, nodes_var) if self.env.get(self.node_name_var) else 0
+            return Tasks(tuple(slots), sum(slots[:node_index]), 0, node_index, False, source)
+        return launched_tasks(self.env, nodes, slots, source, self.agent_launch_hint)
+
+    def _refuse_heterogeneous_job(self, nodes_var: str) -> None:
+        """Say what is missing in a heterogeneous job's shell instead of 'not in a job'."""
+        het = sorted(k for k in self.env if k.startswith("SLURM_") and any(m in k for m in self.het_markers))
+        sizes = [f"{v}={self.env[v]}" for v in self.het_size_vars if self.env.get(v)]
+        if het or sizes:
+            shown = ", ".join(sizes + het[:4]) + (", ..." if len(het) > 4 else "")
+            raise ClusterConfigError(
+                f"{nodes_var} is not set: this is a heterogeneous Slurm job ({shown}), "
+                "whose nodes are split into components.",
+                "keras_distrib plans one homogeneous job: submit it without ':' or '#SBATCH hetjob' components.",
+            )
 
     def _node_index(self, nodes: list[str], nodes_var: str) -> int:
         name = self.env.get(self.node_name_var)
@@ -89,11 +138,7 @@ class SlurmParser(ClusterParser):
                 "the node list comes from another job; start this command with srun inside the job.",
             )
         index = self.int_var(self.node_id_var, default=0)
-        if not 0 <= index < len(nodes):
-            raise ClusterConfigError(
-                f"{self.node_id_var}={index} is outside {nodes_var} ({len(nodes)} nodes).",
-                "the node list comes from another job; start this command with srun inside the job.",
-            )
+        self.check_index(self.node_id_var, index, len(nodes), nodes_var)
         return index
 
     def _gpus(self) -> tuple[str, ...]:
@@ -101,5 +146,8 @@ class SlurmParser(ClusterParser):
             if var in self.env:
                 return split_gpu_ids(var, self.env[var])
         if self.env.get(self.gpu_count_var):
-            return tuple(str(i) for i in range(self.int_var(self.gpu_count_var)))
+            count = self.int_var(self.gpu_count_var, minimum=0)
+            if count > 1024:
+                raise ClusterConfigError(f"{self.gpu_count_var}={count} is not a GPU count.", "unset it.")
+            return tuple(str(i) for i in range(count))
         return ()

@@ -8,7 +8,7 @@ import pytest
 from _unit_helpers import FIXTURES, fixture_env
 
 from cluster_parsers import ClusterConfigError, JobInfo, LsfParser, PbsParser, SgeParser, StaticParser
-from cluster_parsers.base import MPI_RANK_VARS, mpi_rank
+from cluster_parsers.tasks import LAUNCHERS, mpi_rank
 
 # Host names that cannot be the machine running the tests, so host-name matching is decided by HOSTNAME.
 PBS_NODES = ("cn07", "cn03", "cn05")  # PBS_NODEFILE order, not sorted
@@ -167,7 +167,6 @@ def test_static_minimal_file(tmp_path: Path) -> None:
         ({"PMIX_RANK": "4", "MPI_LOCALRANKID": "1"}, (4, 1)),
         ({"PMI_RANK": "2", "MPI_LOCALRANKID": "0"}, (2, 0)),  # MPICH / Intel MPI
         ({"PMIX_RANK": "4", "PMI_RANK": "9"}, (4, 0)),
-        ({"PMI_RANK": "x"}, None),
         ({}, None),
     ],
 )
@@ -175,8 +174,15 @@ def test_mpi_rank(env: dict[str, str], expected: tuple[int, int] | None) -> None
     assert mpi_rank(env) == expected
 
 
-def test_open_mpi_is_read_first() -> None:
-    assert MPI_RANK_VARS[0][0] == "OMPI_COMM_WORLD_RANK"
+@pytest.mark.parametrize("env", [{"PMI_RANK": "x"}, {"OMPI_COMM_WORLD_RANK": "-1"}, {"PMI_RANK": "3", "PMI_SIZE": "2"}])
+def test_malformed_launcher_variables_are_refused(env: dict[str, str]) -> None:
+    with pytest.raises(ClusterConfigError, match=next(iter(env))):
+        mpi_rank(env)
+
+
+def test_jsrun_then_open_mpi_are_read_first() -> None:
+    # jsrun (Spectrum MPI) also sets OMPI_COMM_WORLD_*; mpirun also sets PMIX_RANK.
+    assert [v.rank for v in LAUNCHERS[:2]] == ["JSM_NAMESPACE_RANK", "OMPI_COMM_WORLD_RANK"]
 
 
 # --- bad input ------------------------------------------------------------------------
@@ -207,7 +213,7 @@ BAD = [
     (SgeParser, {"JOB_ID": "7", "PE_HOSTFILE": "{dir}/missing"}, "PE_HOSTFILE='{dir}/missing' cannot be read"),
     (SgeParser, {"JOB_ID": "7", "PE_HOSTFILE": "{sge_bad}"}, "PE_HOSTFILE='{sge_bad}' has a malformed line"),
     (SgeParser, {"JOB_ID": "7", "PE_HOSTFILE": str(FIXTURES / "sge_pe_hostfile"), "NSLOTS": "8"}, "NSLOTS=8"),
-    (SgeParser, {"JOB_ID": "7", "PE_HOSTFILE": str(FIXTURES / "sge_pe_hostfile"), "PMI_RANK": "6"}, "rank 6"),
+    (SgeParser, {"JOB_ID": "7", "PE_HOSTFILE": str(FIXTURES / "sge_pe_hostfile"), "PMI_RANK": "6"}, "PMI_RANK=6"),
     (LsfParser, {"LSB_JOBID": "1"}, "LSB_MCPU_HOSTS"),
     (LsfParser, {"LSB_JOBID": "1", "LSB_MCPU_HOSTS": "hostA four"}, "LSB_MCPU_HOSTS='hostA four'"),
     (LsfParser, {"LSB_JOBID": "1", "LSB_DJOB_HOSTFILE": "{dir}/missing"}, "LSB_DJOB_HOSTFILE='{dir}/missing'"),

@@ -86,8 +86,12 @@ def test_gpu_job_keeps_slurm_ids_verbatim() -> None:
 @pytest.mark.parametrize(
     ("gpu_env", "expected"),
     [
-        ({"SLURM_STEP_GPUS": "5", "SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0"}, ("5",)),
-        ({"SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}, ("2", "3")),  # never renumbered
+        # The ids the process can open win: under ConstrainDevices=yes SLURM_*_GPUS keep the
+        # node's global ids, "not relative to any device cgroup" (sbatch(1)).
+        ({"SLURM_STEP_GPUS": "5", "SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0"}, ("0",)),
+        ({"SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}, ("0", "1")),
+        ({"SLURM_STEP_GPUS": "5", "SLURM_JOB_GPUS": "2,3"}, ("5",)),  # step before job
+        ({"SLURM_JOB_GPUS": "2,3"}, ("2", "3")),  # never renumbered
         ({"CUDA_VISIBLE_DEVICES": "1,0", "SLURM_GPUS_ON_NODE": "2"}, ("1", "0")),
         ({"CUDA_VISIBLE_DEVICES": "GPU-8f3a,GPU-77c1"}, ("GPU-8f3a", "GPU-77c1")),  # UUIDs kept
         ({"SLURM_GPUS_ON_NODE": "3"}, ("0", "1", "2")),  # only a count: ids 0..N-1
