@@ -18,7 +18,7 @@ class LsfParser(ClusterParser):
 
     name = "lsf"
     detect_vars = ("LSB_JOBID",)
-    agent_launch_hint = "start one agent per host: jsrun -r1 -a1 python -m keras_distrib.lsf ... (or blaunch)"
+    agent_launch_hint = "start one agent per host: jsrun -r1 -a1 python -m keras_distrib.lsf ..."
 
     job_id_var = "LSB_JOBID"
     hostfile_var = "LSB_DJOB_HOSTFILE"

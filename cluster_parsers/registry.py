@@ -80,7 +80,7 @@ def detect(environ: Mapping[str, str] | None = None) -> ClusterParser:
             return parser
     raise ClusterConfigError(
         "no scheduler detected (no SLURM_JOB_ID, LSB_JOBID, PE_HOSTFILE, PBS_JOBID or KERAS_DISTRIB_HOSTS_FILE).",
-        "run inside a job (srun/sbatch/qsub/bsub), use python -m keras_distrib.local --nodes N "
+        "run inside a job (sbatch, qsub or bsub), use python -m keras_distrib.local --nodes N "
         f"for one machine, or set {FORCE_VAR}.",
     )
 

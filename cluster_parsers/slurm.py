@@ -18,7 +18,8 @@ class SlurmParser(ClusterParser):
 
     name = "slurm"
     detect_vars = ("SLURM_JOB_ID", "SLURM_JOBID")
-    agent_launch_hint = "start one agent per node: srun --ntasks-per-node=1 python -m keras_distrib.slurm ..."
+    srun_agents = "srun --ntasks-per-node=1 python -m keras_distrib.slurm ..."
+    agent_launch_hint = f"start one agent per node: {srun_agents}"
 
     job_id_vars = ("SLURM_JOB_ID", "SLURM_JOBID")
     # (nodelist, tasks per node, task count): step first, because srun inside an
@@ -43,8 +44,7 @@ class SlurmParser(ClusterParser):
     def parse(self) -> JobInfo:
         _, job_id = self.require(
             *self.job_id_vars,
-            hint="run inside a Slurm allocation: srun --ntasks-per-node=1 python -m "
-            "keras_distrib.slurm ..., or from an sbatch/salloc shell.",
+            hint=f"run inside a Slurm allocation: {self.srun_agents}, or from an sbatch/salloc shell.",
         )
         in_step = bool(self.env.get(self.step_vars[0]))
         nodes_var, tasks_var, ntasks_var = self.step_vars if in_step else self.job_vars
@@ -53,7 +53,7 @@ class SlurmParser(ClusterParser):
         if not self.env.get(nodes_var):
             self._refuse_heterogeneous_job(nodes_var)
         _, nodelist = self.require(
-            nodes_var, hint="run inside a Slurm job or step (srun/sbatch/salloc)."
+            nodes_var, hint=f"run inside a Slurm job: from an sbatch/salloc shell, or {self.srun_agents}"
         )
         nodes = expand_hosts(nodes_var, nodelist)
         raw_tasks = self.env.get(tasks_var)
@@ -98,7 +98,7 @@ class SlurmParser(ClusterParser):
             if rank >= sum(slots):
                 raise ClusterConfigError(
                     f"{self.rank_var}={rank} is outside the {sum(slots)} task(s) of {source}.",
-                    "the step variables come from another step; start this command with srun.",
+                    f"the step variables come from another step; start it inside the job: {self.srun_agents}",
                 )
             local_rank = self.int_var(self.local_rank_var, default=0, minimum=0)
             node_index = self._node_index(nodes, nodes_var)
@@ -106,7 +106,7 @@ class SlurmParser(ClusterParser):
                 raise ClusterConfigError(
                     f"{self.local_rank_var}={local_rank} is outside the {slots[node_index]} task(s) "
                     f"of node {nodes[node_index]} in {source}.",
-                    "the step variables come from another step; start this command with srun.",
+                    f"the step variables come from another step; start it inside the job: {self.srun_agents}",
                 )
             return Tasks(tuple(slots), rank, local_rank, node_index, True, source)
         if launcher is None:
@@ -135,7 +135,7 @@ class SlurmParser(ClusterParser):
                 return nodes.index(name)
             raise ClusterConfigError(
                 f"{self.node_name_var}={name!r} is not in {nodes_var} ({len(nodes)} nodes).",
-                "the node list comes from another job; start this command with srun inside the job.",
+                f"the node list comes from another job; start it inside the job: {self.srun_agents}",
             )
         index = self.int_var(self.node_id_var, default=0)
         self.check_index(self.node_id_var, index, len(nodes), nodes_var)
