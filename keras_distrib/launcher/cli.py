@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-from cluster_parsers import ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
+from cluster_parsers import FORCE_VAR, ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
 
 from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
 from ..plan import Plan, build_plan, check_task_counts, tasks_mode
@@ -33,6 +33,8 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--interface", default=None, help="network interface whose IPv4 address peers use, e.g. ib0")
     p.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for all peers (default 180)")
     p.add_argument("--shutdown-grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL at the end (default 3)")
+    if not local:
+        p.add_argument("--scheduler", default=None, help="read this scheduler's variables (default: auto-detect; env KERAS_DISTRIB_SCHEDULER)")
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
@@ -52,8 +54,24 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler")}
     return validate(options.merged(flags))
+
+
+def choose_parser(entry: str | None, options: Options, args: argparse.Namespace, environ: Mapping[str, str]) -> ClusterParser:
+    """The parser named by the entry point, --scheduler, KERAS_DISTRIB_SCHEDULER or --config, else detected."""
+    chosen = options.scheduler
+    if chosen is None:
+        return get_parser(entry, environ) if entry else detect(environ)
+    source = "--scheduler" if args.scheduler else f"scheduler in --config {args.config!r}"
+    if entry and chosen != entry:
+        raise ClusterConfigError(
+            f"{source} is {chosen!r}, but python -m keras_distrib.{entry} reads {entry}'s variables.",
+            f"drop the scheduler option, or run python -m keras_distrib --scheduler {chosen}.",
+        )
+    if not entry and not args.scheduler and environ.get(FORCE_VAR):
+        chosen = environ[FORCE_VAR]  # defaults < --config < the environment < flags
+    return get_parser(chosen, environ)
 
 
 def local_job(nodes: int, gpus_per_node: str, job_id: str) -> JobInfo:
@@ -83,11 +101,16 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
     try:
         options = resolve_options(args, env)
         if local:
+            if options.scheduler is not None:
+                raise ClusterConfigError(
+                    f"scheduler={options.scheduler!r} in --config {args.config!r} does nothing in python -m keras_distrib.local.",
+                    "remove the key, or run python -m keras_distrib on the cluster.",
+                )
             parser: ClusterParser | None = None
             job = local_job(args.nodes, args.gpus_per_node, str(os.getpid()))
             hosts = {n: "127.0.0.1" for n in job.nodes}
         else:
-            parser = get_parser(scheduler, env) if scheduler else detect(env)
+            parser = choose_parser(scheduler, options, args, env)
             job = parser.parse()
             hosts = None
         plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts)

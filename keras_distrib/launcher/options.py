@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import yaml
 
-from cluster_parsers import ClusterConfigError
+from cluster_parsers import ClusterConfigError, all_parsers
 
 LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce")
 PORT_BASE_VAR = "KERAS_DISTRIB_PORT_BASE"
@@ -36,30 +39,98 @@ class Options:
 
 def load_config(path: str) -> dict[str, Any]:
     """Read a YAML config file into Options field values, rejecting unknown keys."""
+    where = f"--config {path!r}"
     try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh) or {}
+        with open(path, "rb") as fh:  # bytes: yaml reports undecodable input as a YAMLError
+            data = yaml.safe_load(fh)
     except OSError as exc:
-        raise ClusterConfigError(f"--config {path!r} cannot be read ({exc.strerror}).", "check the path.") from None
+        raise ClusterConfigError(f"{where} cannot be read ({exc.strerror}).", "check the path.") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise ClusterConfigError(f"{where} is not a usable path ({exc}).", "check the path.") from None
     except yaml.YAMLError as exc:
-        raise ClusterConfigError(f"--config {path!r} is not valid YAML ({exc}).", "fix its syntax.") from None
+        problem = " ".join(str(exc).split())
+        raise ClusterConfigError(f"{where} is not valid YAML ({problem}).", "fix its syntax.") from None
+    if data is None:
+        return {}
     if not isinstance(data, dict):
-        raise ClusterConfigError(f"--config {path!r} is not a mapping of option: value.", "e.g. 'layout: allreduce'.")
+        raise ClusterConfigError(f"{where} is not a mapping of option: value.", "e.g. 'layout: allreduce'.")
     valid = {f.name: f for f in fields(Options)}
     values: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        if name not in valid:
+        if not isinstance(key, str) or name not in valid:
             raise ClusterConfigError(
-                f"--config {path!r} has unknown key {key!r}.",
+                f"{where} has unknown key {key!r}.",
                 f"valid keys are: {', '.join(Options.keys())}.",
             )
+        if value is None:
+            raise ClusterConfigError(f"{where} gives {key!r} no value.", f"remove the key or give it a value, e.g. {_example(name)}.")
         values[name] = value
     return values
 
 
+#: Examples for HINTs where the default (None) shows nothing.
+_EXAMPLES: dict[str, Any] = {"port_base": 23000, "interface": "ib0", "scheduler": "pbs"}
+
+
+def _example(name: str) -> str:
+    """``key: value`` for a HINT, from the field's default or its type."""
+    default = _EXAMPLES.get(name, getattr(Options(), name))
+    if default is None:
+        hints = typing.get_type_hints(Options)[name]
+        kinds = [t for t in typing.get_args(hints) if t is not type(None)] or [hints]
+        default = {int: 23000, float: 60.0, str: "name", bool: True}.get(kinds[0], "...")
+    return f"{name.replace('_', '-')}: {json_scalar(default)}"
+
+
+def json_scalar(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _has_type(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` fits a field annotation such as ``int | None`` (bool is not an int)."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    for kind in typing.get_args(annotation) if union else (annotation,):
+        if kind is type(None):
+            ok = value is None
+        elif kind is bool:
+            ok = isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        elif kind is str:
+            ok = isinstance(value, str) and bool(value.strip()) and value.isprintable()
+        else:
+            ok = isinstance(value, typing.get_origin(kind) or kind)
+        if ok:
+            return True
+    return False
+
+
+def _describe(annotation: Any) -> str:
+    """'an integer', 'a number', ... for an error message."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    words = {int: "an integer", float: "a finite number", str: "a non-empty text", bool: "true or false"}
+    kinds = [k for k in (typing.get_args(annotation) if union else (annotation,)) if k is not type(None)]
+    return " or ".join(words.get(k, getattr(k, "__name__", str(k))) for k in kinds)
+
+
+def check_types(options: Options) -> None:
+    """Every field holds a value of its declared type (config files can hold anything)."""
+    annotations = typing.get_type_hints(Options)
+    for f in fields(Options):
+        value = getattr(options, f.name)
+        if not _has_type(value, annotations[f.name]):
+            raise ClusterConfigError(
+                f"{f.name.replace('_', '-')}={value!r} is not {_describe(annotations[f.name])}.",
+                f"write e.g. {_example(f.name)}.",
+            )
+
+
 def validate(options: Options) -> Options:
     """Check option values before anything starts."""
+    check_types(options)
     if options.layout not in LAYOUTS:
         raise ClusterConfigError(f"layout={options.layout!r} is unknown.", f"use one of: {', '.join(LAYOUTS)}.")
     for name in ("startup_timeout", "shutdown_grace"):
@@ -68,4 +139,8 @@ def validate(options: Options) -> Options:
             raise ClusterConfigError(f"{name.replace('_', '-')}={value!r} must be a positive number of seconds.", "e.g. 120.")
     if options.port_base is not None and not isinstance(options.port_base, int):
         raise ClusterConfigError(f"port-base={options.port_base!r} is not an integer.", "e.g. --port-base 23000.")
+    if options.scheduler is not None:
+        known = [cls.name for cls in all_parsers()]
+        if options.scheduler not in known:
+            raise ClusterConfigError(f"scheduler={options.scheduler!r} is not a known scheduler.", f"use one of: {', '.join(known)}.")
     return options

@@ -149,14 +149,34 @@ BAD_INPUT = [
     ("config-unknown-key", "keras_distrib.slurm", STEP, ["--config", "{tmp}/kd.yaml"],
      ["'layuot'", *Options.keys()]),
     ("config-missing", "keras_distrib.slurm", STEP, ["--config", "{tmp}/none.yaml"], ["--config '{tmp}/none.yaml'"]),
+    # The README's examples of refused config values.
+    ("config-layout-int", "keras_distrib.slurm", STEP, ["--config", "{tmp}/layout.yaml"], ["layout=5", "layout: ps-per-node"]),
+    ("config-port-float", "keras_distrib.slurm", STEP, ["--config", "{tmp}/port.yaml"], ["port-base=25000.0", "an integer"]),
+    ("config-timeout-inf", "keras_distrib.slurm", STEP, ["--config", "{tmp}/inf.yaml"], ["startup-timeout=inf", "finite"]),
+    ("config-no-value", "keras_distrib.slurm", STEP, ["--config", "{tmp}/novalue.yaml"], ["'interface' no value"]),
+    ("config-binary", "keras_distrib.slurm", STEP, ["--config", "{tmp}/binary.yaml"], ["is not valid YAML"]),
+    ("config-unknown-scheduler", "keras_distrib", STEP, ["--config", "{tmp}/flux.yaml"], ["scheduler='flux'", "slurm, lsf"]),
+    ("config-scheduler-contradicts-entry", "keras_distrib.slurm", STEP, ["--config", "{tmp}/pbs.yaml"],
+     ["'pbs'", "keras_distrib.slurm", "--scheduler pbs"]),
+    ("flag-scheduler-contradicts-entry", "keras_distrib.slurm", STEP, ["--scheduler", "sge"], ["--scheduler is 'sge'"]),
+    ("config-scheduler-in-local", "keras_distrib.local", {}, ["--config", "{tmp}/pbs.yaml"], ["does nothing", "keras_distrib.local"]),
+    ("static-tasks-not-int", "keras_distrib", {"KERAS_DISTRIB_HOSTS_FILE": "{tmp}/two.yaml"}, [],
+     ["tasks_per_node 'two'", "tasks_per_node: 1"]),
 ]
+CONFIG_FILES = {
+    "kd.yaml": "layout: allreduce\nlayuot: allreduce\n", "layout.yaml": "layout: 5\n", "port.yaml": "port-base: 25000.0\n",
+    "inf.yaml": "startup-timeout: .inf\n", "novalue.yaml": "interface:\n", "flux.yaml": "scheduler: flux\n",
+    "pbs.yaml": "scheduler: pbs\n", "two.yaml": "hosts: [a, b]\ntasks_per_node: two\n",
+}
 
 
 @pytest.mark.parametrize(("module", "env", "args", "expected"), [case[1:] for case in BAD_INPUT],
                          ids=[case[0] for case in BAD_INPUT])
 def test_bad_input(tmp_path: Path, module: str, env: dict[str, str], args: list[str], expected: list[str]) -> None:
     (tmp_path / "gpus.yaml").write_text(UNEQUAL_GPUS)
-    (tmp_path / "kd.yaml").write_text("layout: allreduce\nlayuot: allreduce\n")
+    for name, text in CONFIG_FILES.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
     fill = {k: v.replace("{tmp}", str(tmp_path)) for k, v in env.items()}
     result = run_cli(fill, "--plan", "--format", "json", *(a.replace("{tmp}", str(tmp_path)) for a in args), module=module)
     assert result.returncode == 2
@@ -168,6 +188,20 @@ def test_bad_input(tmp_path: Path, module: str, env: dict[str, str], args: list[
     assert line.startswith("keras_distrib: error: ") and " HINT: " in line
     for text in expected:
         assert text.replace("{tmp}", str(tmp_path)) in line
+
+
+def test_scheduler_key_forces_the_parser(tmp_path: Path) -> None:
+    """`scheduler: pbs` in --config is used (it was silently ignored): config < env < flag."""
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("cn1\ncn1\ncn2\n")
+    both = {**STEP, "PBS_JOBID": "3.srv", "PBS_NODEFILE": str(nodefile)}  # Slurm would be detected first
+    (tmp_path / "pbs.yaml").write_text("scheduler: pbs\n")
+    config = ["--config", str(tmp_path / "pbs.yaml")]
+    assert plan_json(both)["scheduler"] == "slurm"
+    assert plan_json(both, *config)["scheduler"] == "pbs"
+    assert plan_json({**both, "KERAS_DISTRIB_SCHEDULER": "slurm"}, *config)["scheduler"] == "slurm"
+    assert plan_json({**both, "KERAS_DISTRIB_SCHEDULER": "slurm"}, *config, "--scheduler", "pbs")["scheduler"] == "pbs"
+    assert plan_json(both, *config, module="keras_distrib.pbs")["nodes"] == ["cn1", "cn2"]
 
 
 def test_only_rank_zero_of_a_step_prints_a_step_wide_error() -> None:
