@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "cluster": ("keras_distrib.strategies", "cluster"),
     "strategy": ("keras_distrib.strategies", "strategy"),
+    "distribution": ("keras_distrib.jax_distribution", "distribution"),
     "fit": ("keras_distrib.trainers", "fit"),
     "evaluate": ("keras_distrib.trainers", "evaluate"),
 }
@@ -31,4 +32,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'keras_distrib' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "cluster", "strategy", "fit", "evaluate", "data"]
+__all__ = ["__version__", "cluster", "strategy", "distribution", "fit", "evaluate", "data"]

@@ -6,6 +6,7 @@ description, without talking to the others. Never imports TensorFlow.
 
 from __future__ import annotations
 
+import ipaddress
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ PORT_BLOCKS = 500        # 20000 .. 29999
 MIN_PORT, MAX_PORT = 1024, 65535
 
 CHIEF, PS, WORKER = "chief", "ps", "worker"
+# Keras 3 on the JAX backend with keras.distribution: every process runs SCRIPT.
+JAX_LAYOUTS = ("jax", "jax-per-gpu")
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,14 @@ class Plan:
         return port
 
     @property
+    def every_process_runs_script(self) -> bool:
+        """Synchronous layouts (allreduce, jax): no chief; the job ends when every process has."""
+        return self.layout == "allreduce" or self.layout in JAX_LAYOUTS
+
+    @property
     def script_runners(self) -> list[Process]:
-        """The processes that run the user's script (the chief, or every allreduce worker)."""
-        return [p for p in self.processes if p.job == CHIEF or self.layout == "allreduce"]
+        """The processes that run the user's script (the chief, or every process of a synchronous layout)."""
+        return [p for p in self.processes if p.job == CHIEF or self.every_process_runs_script]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -97,6 +105,7 @@ class Plan:
             "cluster": self.cluster_spec(),
             "processes": [
                 {"node": p.node, "job": p.job, "index": p.index, "address": p.address, "gpus": list(p.gpus)}
+                | ({"env": jax_env(self, p)} if self.layout in JAX_LAYOUTS else {})
                 for p in self.processes
             ],
         }
@@ -116,15 +125,56 @@ _JOB_ORDER = {CHIEF: 0, PS: 1, WORKER: 2}
 
 def node_roles(layout: str, node_index: int, gpus: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
     """The (job, GPUs) of each process on one node, in start order: the rank->role rule."""
-    chief = [(CHIEF, ())] if node_index == 0 and layout != "allreduce" else []
+    chief = [(CHIEF, ())] if node_index == 0 and layout not in ("allreduce", *JAX_LAYOUTS) else []
     if layout == "ps-per-node":
         return chief + [(PS, ()), (WORKER, tuple(gpus))]
     if layout == "worker-per-gpu":
         workers = [(WORKER, (g,)) for g in gpus] or [(WORKER, ())]
         return chief + [(PS, ())] + workers
-    if layout == "allreduce":
+    if layout in ("allreduce", "jax"):
         return [(WORKER, tuple(gpus))]
-    raise ClusterConfigError(f"layout={layout!r} is unknown.", "use ps-per-node, worker-per-gpu or allreduce.")
+    if layout == "jax-per-gpu":
+        return [(WORKER, (g,)) for g in gpus] or [(WORKER, ())]
+    raise ClusterConfigError(f"layout={layout!r} is unknown.", "use ps-per-node, worker-per-gpu, allreduce, jax or jax-per-gpu.")
+
+
+def jax_env(plan: Plan, proc: Process) -> dict[str, str]:
+    """The variables a process of a jax layout needs; empty for the other layouts.
+
+    ``keras.distribution.initialize()`` reads the KERAS_DISTRIBUTION_* ones; the
+    coordinator is process 0, on its plan port. JAX_LOCAL_DEVICE_IDS lists every
+    GPU of the process, numbered as CUDA sees them once CUDA_VISIBLE_DEVICES holds the
+    plan's ids; without it JAX under Slurm would keep one GPU per process (SLURM_LOCALID).
+    """
+    if plan.layout not in JAX_LAYOUTS:
+        return {}
+    workers = sorted((p for p in plan.processes if p.job == WORKER), key=lambda p: p.index)
+    coordinator = workers[0]
+    env = {
+        "KERAS_BACKEND": "jax",
+        # The coordinator alone (Keras accepts it): a list of every address would make
+        # each variable, and the JSON plan, grow with the job.
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator.address,
+        "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(workers)),
+        "KERAS_DISTRIBUTION_PROCESS_ID": str(proc.index),
+        # TensorFlow (for tf.data) would otherwise reserve most of every visible GPU's memory.
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+    }
+    if proc.gpus:
+        env["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in range(len(proc.gpus)))
+    if proc.index == coordinator.index and _is_ip(coordinator.host):
+        # JAX's coordinator listens on [::]:port unless told; with --interface (or in
+        # local mode) it listens on the chosen address only.
+        env["JAX_COORDINATOR_BIND_ADDRESS"] = coordinator.address
+    return env
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def derive_port_base(job_id: str, override: int | None = None) -> int:
@@ -181,7 +231,7 @@ def build_plan(
 
 def _check_equal_gpus(job: JobInfo, layout: str) -> None:
     """TensorFlow needs the same number of GPUs per worker in these layouts."""
-    if layout == "worker-per-gpu":
+    if layout in ("worker-per-gpu", "jax-per-gpu"):
         return
     counts = {node: len(g) for node, g in zip(job.nodes, job.node_gpus)}
     if len(set(counts.values())) > 1:

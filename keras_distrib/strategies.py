@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .plan import CHIEF, PS, WORKER, Plan, Process
+from .plan import CHIEF, JAX_LAYOUTS, PS, WORKER, Plan, Process
 
 PLAN_VAR = "KERAS_DISTRIB_PLAN"
 
@@ -37,7 +37,7 @@ class ClusterInfo:
     @property
     def is_chief(self) -> bool:
         """True for the process that should write checkpoints and logs."""
-        return self.job == CHIEF or (self.plan.layout == "allreduce" and self.index == 0)
+        return self.job == CHIEF or (self.plan.every_process_runs_script and self.index == 0)
 
     @property
     def num_workers(self) -> int:
@@ -91,6 +91,12 @@ def strategy() -> Any:
     allreduce: MultiWorkerMirroredStrategy, NCCL collectives when GPUs are present.
     """
     info = cluster()
+    if info.layout in JAX_LAYOUTS:
+        raise NotInJobError(
+            f"layout {info.layout} trains with keras.distribution on JAX, not tf.distribute (keras_distrib.strategy() "
+            "and keras_distrib.fit() serve the TensorFlow layouts). HINT: call keras_distrib.distribution() before "
+            "building the model, then plain model.fit(dataset)."
+        )
     import tensorflow as tf
 
     spec = tf.train.ClusterSpec(info.plan.cluster_spec())

@@ -31,7 +31,7 @@ from . import control
 from .children import Child, child_env, describe_exit, shell_exit_code, spawn
 from ..contract import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR
 from ..network import wait_reachable
-from ..plan import CHIEF, Plan, Process, build_plan, process_for_task
+from ..plan import CHIEF, JAX_LAYOUTS, Plan, Process, build_plan, jax_env, process_for_task
 from .interfaces import interface_ipv4
 from .options import Options
 from .prestart import require_protocol
@@ -97,14 +97,15 @@ class Agent:
             mine = [process_for_task(self.job, self.plan)]
         else:
             mine = self.plan.on_node(self.job.node_index)
-        if self.check and self.spec.agent_id == 0 and not any(p.job == CHIEF for p in self.plan.processes):
+        jax = self.plan.layout in JAX_LAYOUTS  # every jax process runs the check itself
+        if self.check and self.spec.agent_id == 0 and not jax and not any(p.job == CHIEF for p in self.plan.processes):
             # allreduce has no chief: the check runs as an extra client on the first node.
             first = self.plan.processes[0]
             mine.append(Process(first.node, 0, CHIEF, 0, first.host, self.plan.control_port() + 1, ()))
         return mine
 
     def runs_script(self, proc: Process) -> bool:
-        if self.check:
+        if self.check and self.plan.layout not in JAX_LAYOUTS:
             return proc.job == CHIEF
         return proc in self.plan.script_runners
 
@@ -119,6 +120,7 @@ class Agent:
             env = child_env(os.environ, plan_json, json.dumps(self.plan.tf_config(proc)), proc, self.plan.layout)
             env[PROTOCOL_VAR] = self.plan.protocol
             env[STARTUP_TIMEOUT_VAR] = str(self.options.startup_timeout)
+            env.update(jax_env(self.plan, proc))
             if self.options.interface and self.plan.layout == "allreduce":
                 # NCCL's bootstrap and socket transport use the same network (unless set).
                 env.setdefault("NCCL_SOCKET_IFNAME", self.options.interface)
@@ -222,8 +224,10 @@ class Agent:
     def on_startup(self, unreachable: list[Process]) -> int | None:
         if unreachable and not self.stopping:
             listing = ", ".join(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
+            what = ("JAX processes never reached keras_distrib.distribution()" if self.plan.layout in JAX_LAYOUTS
+                    else "TF servers are still unreachable")
             return self.fail(
-                f"after {self.options.startup_timeout:.0f} s these TF servers are still unreachable: {listing}. "
+                f"after {self.options.startup_timeout:.0f} s these {what}: {listing}. "
                 "HINT: check that each name resolves to the right address on every node (getent hosts NODE), "
                 "that no firewall blocks the ports, or pick the network with --interface",
                 1,
@@ -241,7 +245,7 @@ class Agent:
             if self.client is not None:
                 self.client.send({"failed": f"{child.label} ended after the signal", "code": shell_exit_code(code)})
             return self.stop(shell_exit_code(-self.interrupted))
-        if child.runs_script and (code == 0 or self.plan.layout != "allreduce" or self.interrupted):
+        if child.runs_script and (code == 0 or not self.plan.every_process_runs_script or self.interrupted):
             if code != 0 or self.interrupted:
                 say(self.spec.node, f"{child.label} finished with {describe_exit(code)}")
             if any(c.runs_script and c.popen.poll() is None for c in self.children):
@@ -256,7 +260,7 @@ class Agent:
             self.client.send({"done": self.spec.agent_id, "code": code})
             return None
         self.done_agents.add(0)
-        if code != 0 or self.plan.layout != "allreduce" or len(self.done_agents) == self.spec.num_agents:
+        if code != 0 or not self.plan.every_process_runs_script or len(self.done_agents) == self.spec.num_agents:
             return self.stop(code)
         return None
 
@@ -282,7 +286,7 @@ class Agent:
             if message.get("code"):
                 return self.stop(int(message["code"]))
             self.done_agents.add(agent)
-            if self.plan.layout == "allreduce" and len(self.done_agents) == self.spec.num_agents:
+            if self.plan.every_process_runs_script and len(self.done_agents) == self.spec.num_agents:
                 return self.stop(0)
         return None
 

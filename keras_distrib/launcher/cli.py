@@ -27,7 +27,7 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table", help="--plan output format")
     p.add_argument("--check", action="store_true", help="start the servers and check every task answers")
     p.add_argument("--config", metavar="FILE", help="YAML file setting any option below")
-    p.add_argument("--layout", choices=LAYOUTS, default=None, help="process layout (default ps-per-node)")
+    p.add_argument("--layout", choices=LAYOUTS, default=None, help="process layout (default ps-per-node; jax when KERAS_BACKEND=jax)")
     p.add_argument("--port-base", type=int, default=None, help=f"first port (default derived from the job id; env {PORT_BASE_VAR})")
     p.add_argument("--protocol", default=None, help="TF server protocol (default grpc)")
     p.add_argument("--interface", default=None, help="network interface whose IPv4 address peers use, e.g. ib0")
@@ -46,8 +46,13 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
 def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Options:
     """Defaults < --config file < KERAS_DISTRIB_PORT_BASE < command-line flags."""
     options = Options()
+    config = load_config(args.config) if args.config else {}
     if args.config:
-        options = options.merged(load_config(args.config))
+        options = options.merged(config)
+    if args.layout is None and "layout" not in config and environ.get("KERAS_BACKEND") == "jax":
+        # Keras on JAX cannot use the TensorFlow layouts: the jax layout is the one that works.
+        print("keras_distrib: KERAS_BACKEND=jax and no --layout given: using --layout jax.", file=sys.stderr)
+        options = options.merged({"layout": "jax"})
     env_port = environ.get(PORT_BASE_VAR)
     if env_port:
         try:

@@ -12,7 +12,7 @@ import yaml
 
 from cluster_parsers import ClusterConfigError, all_parsers
 
-LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce")
+LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu")
 PORT_BASE_VAR = "KERAS_DISTRIB_PORT_BASE"
 
 

@@ -1,0 +1,161 @@
+"""Inside SCRIPT on the jax layouts: Keras 3 on JAX with ``keras.distribution``.
+
+``distribution()`` joins this process to the job (``jax.distributed.initialize`` with the
+launcher's KERAS_DISTRIBUTION_* variables) and sets a ``keras.distribution.DataParallel``
+over every device of every process, so plain ``model.fit`` trains data-parallel.
+
+Its ``distribute_dataset`` gives every process the same number of equal batches: each
+global batch is cut into one contiguous slice per process, and the few examples of a
+batch that do not divide by the device count are left out. Keras' own sharding
+(``rebatch`` + ``shard``) gives processes different batch counts when the data does not
+divide, and then one process waits forever in a collective ("Your input ran out of data").
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import socket
+import sys
+import threading
+from typing import Any
+
+from .contract import STARTUP_TIMEOUT_VAR
+from .plan import JAX_LAYOUTS, Process
+from .strategies import NotInJobError, cluster
+
+# JAX's own start-up timeout is 300 s; ours (the launcher's watchdog) must speak first.
+JAX_TIMEOUT_MARGIN = 60.0
+
+
+@functools.cache
+def distribution() -> Any:
+    """The job's initialized DataParallel (also set as Keras' global distribution); once per process.
+
+    Call it before building the model: Keras places the variables when they are created.
+    """
+    info = cluster()
+    if info.layout not in JAX_LAYOUTS:
+        raise NotInJobError(
+            f"keras_distrib.distribution() serves the jax layouts, but this job runs layout {info.layout}. "
+            "HINT: launch with --layout jax (KERAS_BACKEND=jax), or use keras_distrib.strategy() and "
+            "keras_distrib.fit() on the TensorFlow layouts."
+        )
+    import keras
+
+    if keras.backend.backend() != "jax":
+        raise NotInJobError(
+            f"Keras runs the {keras.backend.backend()!r} backend, but layout {info.layout} needs JAX. "
+            "HINT: do not set KERAS_BACKEND in the script or in ~/.keras/keras.json; the launcher sets KERAS_BACKEND=jax."
+        )
+    import jax
+
+    env = os.environ
+    process_id = int(env["KERAS_DISTRIBUTION_PROCESS_ID"])
+    if process_id != 0:  # process 0's port is JAX's coordinator: listening there means joined
+        _announce_joined(info.plan.find(info.job, info.index))
+    local_ids = env.get("JAX_LOCAL_DEVICE_IDS")
+    startup_timeout = float(env.get(STARTUP_TIMEOUT_VAR, "180"))
+    jax.distributed.initialize(
+        coordinator_address=env["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")[0],
+        num_processes=int(env["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
+        process_id=process_id,
+        local_device_ids=[int(i) for i in local_ids.split(",")] if local_ids else None,
+        # The plan is complete: JAX's Slurm detection would keep one GPU per process.
+        cluster_detection_method="deactivate",
+        initialization_timeout=int(max(300.0, startup_timeout + JAX_TIMEOUT_MARGIN)),
+    )
+    # What keras.distribution.initialize() does after jax.distributed.initialize: one
+    # random seed agreed by all processes, so every process creates the same weights.
+    from keras.src.backend.jax.distribution_lib import initialize_rng
+
+    initialize_rng()
+    dist = _even_data_parallel_class()(devices=keras.distribution.list_devices())
+    keras.distribution.set_distribution(dist)
+    return dist
+
+
+def _announce_joined(proc: Process) -> None:
+    """Listen on this process's plan port for the rest of its life: the launcher's
+    start-up watchdog counts the process as joined once it answers there."""
+    host = proc.host if _is_ip(proc.host) else ""  # a node name may resolve to 127.0.1.1 locally
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, proc.port))
+    listener.listen(16)
+
+    def answer() -> None:
+        while True:
+            connection, _ = listener.accept()
+            connection.close()
+
+    threading.Thread(target=answer, name="keras-distrib-joined", daemon=True).start()
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+@functools.cache
+def _even_data_parallel_class() -> type:
+    """keras.distribution.DataParallel whose dataset sharding never leaves a process short."""
+    import keras
+
+    class EvenDataParallel(keras.distribution.DataParallel):
+        """DataParallel where every process gets the same number of equal batches per epoch."""
+
+        def distribute_dataset(self, dataset: Any) -> Any:
+            import tensorflow as tf
+
+            if not self._is_multi_process or not self.auto_shard_dataset or not isinstance(dataset, tf.data.Dataset):
+                return super().distribute_dataset(dataset)
+            import jax
+
+            return shard_evenly(dataset, jax.process_index(), jax.process_count(), jax.device_count(), jax.local_device_count())
+
+    return EvenDataParallel
+
+
+def shard_evenly(dataset: Any, process_id: int, num_processes: int, num_devices: int, local_devices: int) -> Any:
+    """This process's slice of every global batch of ``dataset``.
+
+    A batch of ``b`` examples keeps ``b - b % num_devices`` (slices must be equal: the
+    batch axis is split over every device); batches smaller than ``num_devices`` are
+    skipped. Every process reads the same global batches, so all get the same count, as
+    long as the dataset is deterministic (a seeded shuffle).
+    """
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(dataset.element_spec)
+    if not all(getattr(spec, "shape", None) is not None and spec.shape.rank for spec in leaves):
+        raise ValueError(
+            "model.fit on the jax layout needs a batched tf.data.Dataset (the batch is the global batch). "
+            "HINT: add .batch(global_batch_size), e.g. dataset.shuffle(n, seed=1).batch(64)."
+        )
+    static_batch = leaves[0].shape[0]
+    if process_id == 0 and static_batch is not None and static_batch % num_devices:
+        print(
+            f"keras_distrib: warning: the global batch {static_batch} does not divide by the {num_devices} devices; "
+            f"each batch keeps {static_batch - static_batch % num_devices} examples. "
+            f"Use a multiple of {num_devices} to keep every example.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def batch_size(element: Any) -> Any:
+        return tf.shape(tf.nest.flatten(element)[0])[0]
+
+    def take_slice(*element: Any) -> Any:
+        whole = element if len(element) > 1 else element[0]
+        per_process = (batch_size(whole) // num_devices) * local_devices
+        start = process_id * per_process
+        return tf.nest.map_structure(lambda t: t[start : start + per_process], whole)
+
+    kept = dataset.filter(lambda *element: batch_size(element) >= num_devices)
+    return kept.map(take_slice, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
