@@ -185,6 +185,9 @@ class SlurmTestCluster:
     """A real Slurm cluster (1 head + N nodes) in network namespaces on this machine."""
 
     _held: set[str] = set()  # prefixes whose lock this process holds
+    # What a subclass for another scheduler (scripts/testcluster/sge_cluster.py) changes.
+    subnet = SUBNET  # the private /24 network, first three octets
+    head_daemon, node_daemon = "slurmctld", "slurmd"  # stopped gently (nodes first)
 
     def __init__(self, workdir: Path | str, nodes: int = 3, cpus_per_node: int = 2,
                  prefix: str = "kdt") -> None:
@@ -210,7 +213,7 @@ class SlurmTestCluster:
         return [f"n{i}" for i in range(1, self.nodes + 1)]
 
     def _head_ns(self) -> _Netns:
-        return _Netns(f"{self.prefix}-head", "head", HEAD_IP)
+        return _Netns(f"{self.prefix}-head", "head", f"{self.subnet}.1")
 
     def _node_ns(self, name: str) -> _Netns:
         if name == "head":
@@ -218,7 +221,7 @@ class SlurmTestCluster:
         if name not in self.node_names:
             raise ValueError(f"unknown node {name!r}; expected head or one of {self.node_names}")
         i = int(name[1:])
-        return _Netns(f"{self.prefix}-{name}", name, f"{SUBNET}.{10 + i}")
+        return _Netns(f"{self.prefix}-{name}", name, f"{self.subnet}.{10 + i}")
 
     def _all_ns(self) -> list[_Netns]:
         return [self._head_ns()] + [self._node_ns(n) for n in self.node_names]
@@ -527,7 +530,7 @@ SchedulerParameters=batch_sched_delay=0
         _run(["ip", "netns", "add", head])
         _run([*ip, "link", "set", "lo", "up"])
         _run([*ip, "link", "add", "br0", "type", "bridge"])
-        _run([*ip, "addr", "add", f"{HEAD_IP}/24", "dev", "br0"])
+        _run([*ip, "addr", "add", f"{self._head_ns().ip}/24", "dev", "br0"])
         _run([*ip, "link", "set", "br0", "up"])
         for node in self.node_names:
             ns = self._node_ns(node)
@@ -661,7 +664,7 @@ SchedulerParameters=batch_sched_delay=0
         nodes = [n for n in names if not n.endswith("-head")]
         heads = [n for n in names if n.endswith("-head")]
         # slurmd first (a slurmd without its controller may ignore SIGTERM), then slurmctld.
-        for group, daemon in ((nodes, "slurmd"), (heads, "slurmctld")):
+        for group, daemon in ((nodes, self.node_daemon), (heads, self.head_daemon)):
             pids = [p for ns in group for p in self._ns_pids(ns) if _comm(p) == daemon]
             _kill(pids, signal.SIGTERM)
             _kill(_wait_gone(pids, grace), signal.SIGKILL)
