@@ -32,6 +32,8 @@ class JobInfo:
 
     ``node_gpus[i]`` lists the GPU ids of ``nodes[i]`` as that node sees them. Schedulers
     that only describe the local node report the local list for every node.
+    ``tasks_per_node`` counts the tasks a launcher started on each node (all 1 in the
+    agent mode), or the allocated slots when ``tasks_launched`` is False (see tasks.py).
     """
 
     scheduler: str
@@ -145,6 +147,8 @@ class ClusterParser(ABC):
 #: What a host name may hold: letters, digits, dots, dashes, underscores (RFC 952/1123 plus
 #: the underscore some sites use). Anything else would end up inside "host:port" addresses.
 HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+#: A GPU id as CUDA_VISIBLE_DEVICES accepts it: an index, or a GPU-/MIG- UUID.
+GPU_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
 #: The most nodes or tasks per node a variable may describe (python-hostlist's own limit).
 MAX_EXPANDED = 100_000
 
@@ -223,8 +227,10 @@ def split_gpu_ids(var: str, value: str) -> tuple[str, ...]:
     if value in ("", "NoDevFiles"):
         return ()
     ids = tuple(part.strip() for part in value.split(","))
-    if any(not i for i in ids):
-        raise ClusterConfigError(f"{var}={value!r} has an empty GPU id.", "expected ids like 0,1 or 2,3.")
+    if not all(GPU_ID.fullmatch(i) for i in ids):
+        raise ClusterConfigError(
+            f"{var}={value!r} is not a list of GPU ids.", "expected ids like 0,1 or 2,3 (or GPU-/MIG- UUIDs)."
+        )
     return ids
 
 

@@ -112,7 +112,7 @@ class SlurmParser(ClusterParser):
         if launcher is None:
             # An sbatch/salloc shell: the job variables count allocated slots; no task
             # launcher has started anything yet. The shell runs on the first node.
-            node_index = self._node_index(nodes, nodes_var) if self.env.get(self.node_name_var) else 0
+            node_index = self._node_index(nodes, nodes_var)
             return Tasks(tuple(slots), sum(slots[:node_index]), 0, node_index, False, source)
         return launched_tasks(self.env, nodes, slots, source, self.agent_launch_hint)
 

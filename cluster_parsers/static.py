@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from ._slots import local_host_index
-from .base import ClusterConfigError, ClusterParser, JobInfo, check_host_names, node_of_rank
+from .base import GPU_ID, ClusterConfigError, ClusterParser, JobInfo, check_host_names, node_of_rank
 from .tasks import launched_tasks, launcher_counts
 
 #: The most tasks per host a hosts file may ask for (a sanity bound, far above any machine).
@@ -115,7 +115,7 @@ class StaticParser(ClusterParser):
     @staticmethod
     def _gpu_list(value: Any, where: str, key: str) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(
-            isinstance(g, (int, str)) and not isinstance(g, bool) and str(g).strip() and "," not in str(g)
+            isinstance(g, (int, str)) and not isinstance(g, bool) and GPU_ID.fullmatch(str(g).strip())
             for g in value
         ):
             raise ClusterConfigError(f"{where}: {key} {value!r} is not a list of GPU ids.", "write gpus: [0, 1].")
