@@ -13,11 +13,14 @@ divide, and then one process waits forever in a collective ("Your input ran out 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import ipaddress
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 from typing import Any
 
@@ -74,6 +77,25 @@ def distribution() -> Any:
     dist = _even_data_parallel_class()(devices=keras.distribution.list_devices())
     keras.distribution.set_distribution(dist)
     return dist
+
+
+def chief_path(path: str) -> str:
+    """``path`` on process 0; on the others the same file name in a private temporary
+    directory, removed at exit.
+
+    On JAX, ``model.save`` (and so ``ModelCheckpoint``) is a collective: every process
+    must call it, or process 0 waits in an all-gather. With this only process 0 writes.
+    """
+    if cluster().is_chief:
+        return path
+    return os.path.join(_scratch_dir(), os.path.basename(os.path.normpath(path)))
+
+
+@functools.cache
+def _scratch_dir() -> str:
+    scratch = tempfile.mkdtemp(prefix="keras_distrib-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return scratch
 
 
 def _announce_joined(proc: Process) -> None:
