@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,legacy,bench]"
+	$(PY) -m pip install --quiet -e ".[test,legacy,bench,jax]"
 	touch $(STAMP)
 
 .PHONY: install demo test

@@ -5,8 +5,8 @@
 
 On the jax layout every process runs this script: ``keras_distrib.distribution()``
 joins the job and sets a DataParallel over all devices; ``model.fit`` gets a batched,
-seeded ``tf.data.Dataset`` (the global batch) and trains synchronously. Only process 0
-saves and prints. ``--json`` prints one JSON line with the results.
+seeded ``tf.data.Dataset`` (the global batch) and trains synchronously. Every process
+saves (a collective on JAX); only process 0 writes to the given path and prints. ``--json`` prints one JSON line with the results.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
-    is_chief = True
+    is_chief, writable = True, str
     if not args.single_process:
         import keras_distrib
 
         keras_distrib.distribution()  # before the model: Keras places variables at creation
-        is_chief = keras_distrib.cluster().is_chief
+        is_chief, writable = keras_distrib.cluster().is_chief, keras_distrib.chief_path
     keras.utils.set_random_seed(args.seed)
     x_train, x_test, y_train, y_test = load(args.seed)
     # The same seed on every process: each takes its slice of the same global batches.
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train = train.batch(args.batch_size)
     test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(args.batch_size)
     model = make_model()
-    callbacks = [keras.callbacks.CSVLogger(args.save + ".csv")] if args.save and is_chief else []
+    callbacks = [keras.callbacks.CSVLogger(writable(args.save + ".csv"))] if args.save else []
     start = time.perf_counter()
     history = model.fit(train, epochs=args.epochs, validation_data=test, callbacks=callbacks,
                         verbose=args.verbose if is_chief else 0)
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "test_accuracy": float(history.history["val_accuracy"][-1]),
         "steps_per_sec": args.epochs * len(x_train) / args.batch_size / seconds,
     }
-    if args.save and is_chief:
-        model.save(args.save)
+    if args.save:  # a collective on JAX: every process saves, process 0 to args.save
+        model.save(writable(args.save))
     if args.json and is_chief:
         print(json.dumps(result), flush=True)
     return result

@@ -14,6 +14,7 @@ _LAZY = {
     "cluster": ("keras_distrib.strategies", "cluster"),
     "strategy": ("keras_distrib.strategies", "strategy"),
     "distribution": ("keras_distrib.jax_distribution", "distribution"),
+    "chief_path": ("keras_distrib.jax_distribution", "chief_path"),
     "fit": ("keras_distrib.trainers", "fit"),
     "evaluate": ("keras_distrib.trainers", "evaluate"),
 }
@@ -32,4 +33,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'keras_distrib' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "cluster", "strategy", "distribution", "fit", "evaluate", "data"]
+__all__ = ["__version__", "cluster", "strategy", "distribution", "chief_path", "fit", "evaluate", "data"]

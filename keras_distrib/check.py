@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from .network import wait_reachable
-from .plan import CHIEF, Plan, Process
+from .plan import CHIEF, JAX_LAYOUTS, Plan, Process
 from .contract import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR
 
 
@@ -63,6 +63,10 @@ def probe(proc: Process, remote_devices: list[str], repeats: int = 5) -> CheckRo
 
 
 def main() -> int:
+    if os.environ.get("KERAS_DISTRIB_LAYOUT") in JAX_LAYOUTS:  # every process joins a cross-process sum
+        from .jax_check import main as jax_main
+
+        return jax_main()
     plan = Plan.from_json(json.loads(os.environ["KERAS_DISTRIB_PLAN"]), os.environ.get(PROTOCOL_VAR, "grpc"))
     tasks = [p for p in plan.processes if p.job != CHIEF]
     print(f"cluster check: {plan.scheduler} job {plan.job_id}, layout {plan.layout}, {len(tasks)} task(s)")

@@ -13,11 +13,14 @@ divide, and then one process waits forever in a collective ("Your input ran out 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import ipaddress
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 from typing import Any
 
@@ -74,6 +77,25 @@ def distribution() -> Any:
     dist = _even_data_parallel_class()(devices=keras.distribution.list_devices())
     keras.distribution.set_distribution(dist)
     return dist
+
+
+def chief_path(path: str) -> str:
+    """``path`` on process 0; on the others the same file name in a private temporary
+    directory, removed at exit.
+
+    On JAX, ``model.save`` (and so ``ModelCheckpoint``) is a collective: every process
+    must call it, or process 0 waits in an all-gather. With this only process 0 writes.
+    """
+    if cluster().is_chief:
+        return path
+    return os.path.join(_scratch_dir(), os.path.basename(os.path.normpath(path)))
+
+
+@functools.cache
+def _scratch_dir() -> str:
+    scratch = tempfile.mkdtemp(prefix="keras_distrib-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return scratch
 
 
 def _announce_joined(proc: Process) -> None:
@@ -138,8 +160,8 @@ def shard_evenly(dataset: Any, process_id: int, num_processes: int, num_devices:
             "model.fit on the jax layout needs a batched tf.data.Dataset (the batch is the global batch). "
             "HINT: add .batch(global_batch_size), e.g. dataset.shuffle(n, seed=1).batch(64)."
         )
-    static_batch = leaves[0].shape[0]
-    if process_id == 0 and static_batch is not None and static_batch % num_devices:
+    static_batch = _declared_batch_size(dataset)
+    if process_id == 0 and static_batch and static_batch % num_devices:
         print(
             f"keras_distrib: warning: the global batch {static_batch} does not divide by the {num_devices} devices; "
             f"each batch keeps {static_batch - static_batch % num_devices} examples. "
@@ -159,3 +181,15 @@ def shard_evenly(dataset: Any, process_id: int, num_processes: int, num_devices:
 
     kept = dataset.filter(lambda *element: batch_size(element) >= num_devices)
     return kept.map(take_slice, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def _declared_batch_size(dataset: Any) -> int | None:
+    """The size given to ``.batch()`` (the last batch may be smaller), or None if unknown."""
+    # The helper Keras' own distribute_tf_dataset uses: it reads the batch op of the graph.
+    from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
+
+    try:
+        size = int(tf_data_distribute.compute_batch_size(dataset).numpy())
+    except Exception:  # an unusual pipeline: only the warning is lost
+        return None
+    return size if size > 0 else None

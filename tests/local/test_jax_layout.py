@@ -1,0 +1,119 @@
+"""The jax layouts in local mode: Keras 3 on JAX (CPU, gloo) with plain model.fit, 2 and 3 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher_utils import REPO, alive, listening_ports, meaningful, processes_with_env, start_local, wait_for
+
+pytest.importorskip("jax", reason="the [jax] extra is not installed")
+
+pytestmark = pytest.mark.local
+
+# Every process imports TensorFlow and JAX: generous bounds for a loaded 2-core machine.
+RUN_TIMEOUT = 600
+JAX_ENV = {"JAX_PLATFORMS": "cpu"}
+
+
+def run_local(tmp_path: Path, args: list[str], **env: str) -> tuple[int, list[str], int]:
+    proc = start_local(args, tmp_path, **JAX_ENV, **env)
+    out, _ = proc.communicate(timeout=RUN_TIMEOUT)
+    return proc.returncode, meaningful(out), proc.pid
+
+
+def readme_jax_block() -> str:
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Inside SCRIPT on the jax layouts"):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start:section.index("\n```", start)]
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_readme_jax_snippet_runs_as_written(tmp_path: Path, nodes: int) -> None:
+    """1400 training examples, global batch 64: 22 batches, the last of 56; with 3 processes
+    64 does not divide (63 kept) and bare Keras' shards would differ by a batch."""
+    (tmp_path / "train.py").write_text(readme_jax_block() + "\n")
+    port_base = 28000 + (os.getpid() % 90) * 20  # known ports, to check none stays open
+    code, lines, _ = run_local(tmp_path, ["--nodes", str(nodes), "--layout", "jax", "--port-base", str(port_base), "train.py"])
+    assert code == 0, "\n".join(lines[-60:])
+    accuracy = [line for line in lines if line.startswith("[local0 worker:0] val_accuracy")]
+    assert accuracy and float(accuracy[0].split()[-1]) > 0.8, "\n".join(lines[-40:])
+    others = [f"[local{i} worker:{i}] val_accuracy" for i in range(1, nodes)]
+    assert not [line for line in lines if line.startswith(tuple(others))]
+    assert (tmp_path / "model.keras").exists() and (tmp_path / "best.keras").exists()
+    assert len((tmp_path / "log.csv").read_text().strip().splitlines()) == 1 + 5  # header + 5 epochs, once
+    if nodes == 3:
+        assert any("the global batch 64 does not divide by the 3 devices" in line for line in lines)
+    assert not listening_ports() & set(range(port_base, port_base + nodes + 2)), "a job port is still open"
+
+
+def test_converges_like_single_process(tmp_path: Path) -> None:
+    """digits_jax.py on 2 processes vs plain single-process JAX: within 1 point (same global batch)."""
+    script = str(REPO / "examples" / "digits_jax.py")
+    args = ["--epochs", "8", "--json", "--verbose", "0"]
+    code, lines, _ = run_local(tmp_path, ["--nodes", "2", "--layout", "jax", script, *args])
+    assert code == 0, "\n".join(lines[-40:])
+    distributed = json.loads(next(line.split("] ", 1)[1] for line in lines if line.startswith("[local0 worker:0] {")))
+    import subprocess
+    import sys
+
+    from launcher_utils import launcher_env
+
+    single = subprocess.run([sys.executable, script, "--single-process", *args], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=RUN_TIMEOUT, env=launcher_env(KERAS_BACKEND="jax", **JAX_ENV))
+    assert single.returncode == 0, single.stderr[-3000:]
+    baseline = json.loads(single.stdout.strip().splitlines()[-1])
+    assert baseline["test_accuracy"] > 0.9
+    assert abs(distributed["test_accuracy"] - baseline["test_accuracy"]) <= 0.01, (distributed, baseline)
+
+
+def test_check_runs_a_cross_process_sum(tmp_path: Path) -> None:
+    code, lines, _ = run_local(tmp_path, ["--nodes", "2", "--layout", "jax", "--check"])
+    assert code == 0, "\n".join(lines[-40:])
+    text = "\n".join(lines)
+    assert "cross-process sum over 2 device(s) of 2 process(es): 3 (expected 3)" in text, text[-3000:]
+    rows = [line for line in lines if line.startswith("[local0 worker:0] local") and line.endswith("OK")]
+    assert len(rows) == 2, text[-3000:]
+    assert "[local0 worker:0] 2 OK, 0 FAILED" in text
+
+
+def test_killed_process_stops_the_job_with_one_line(tmp_path: Path) -> None:
+    script = str(REPO / "examples" / "digits_jax.py")
+    proc = start_local(["--nodes", "2", "--layout", "jax", script, "--epochs", "500", "--verbose", "2"], tmp_path,
+                       **JAX_ENV)
+    try:
+        # worker:1 has joined once its marker port listens; kill it during training.
+        assert wait_for(lambda: bool(processes_with_env("KERAS_DISTRIBUTION_PROCESS_ID", "1")), RUN_TIMEOUT / 2)
+        victims = processes_with_env("KERAS_DISTRIBUTION_PROCESS_ID", "1")
+        time.sleep(5)
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGKILL, out[-3000:]
+    failures = [line for line in meaningful(out) if "exited unexpectedly" in line]
+    assert failures == ["[local0 agent] keras_distrib: error: worker:1 on local1 exited unexpectedly with signal 9 "
+                        "(SIGKILL); stopping the job."], out[-3000:]
+    assert not alive(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2", parent=proc.pid))
+
+
+def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
+    (tmp_path / "late.py").write_text(
+        "import os, time\n"
+        "import keras_distrib\n"
+        "if os.environ['KERAS_DISTRIBUTION_PROCESS_ID'] == '1':\n"
+        "    time.sleep(3600)\n"
+        "keras_distrib.distribution()\n"
+    )
+    code, lines, _ = run_local(tmp_path, ["--nodes", "2", "--layout", "jax", "--startup-timeout", "90", "late.py"])
+    assert code == 1, "\n".join(lines[-30:])
+    named = [line for line in lines if "never reached keras_distrib.distribution()" in line]
+    assert len(named) == 1 and "(worker:1 on local1)" in named[0] and "(worker:0 on local0)" not in named[0], lines[-20:]

@@ -1,0 +1,107 @@
+"""The jax layouts: who runs where, and the KERAS_DISTRIBUTION_* / JAX_* variables of each process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from _unit_helpers import FIXTURES, fixture_env, run_cli
+
+from cluster_parsers import JobInfo
+from keras_distrib.plan import build_plan, jax_env
+
+pytestmark = pytest.mark.unit
+
+STATIC = {"KERAS_DISTRIB_HOSTS_FILE": str(FIXTURES / "static_hosts.yaml")}
+
+
+def plan_json(env: dict[str, str], *args: str, module: str = "keras_distrib") -> tuple[dict[str, Any], str]:
+    result = run_cli(env, "--plan", "--format", "json", *args, module=module)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), result.stderr
+
+
+def job(gpus: tuple[str, ...], nodes: int = 2) -> JobInfo:
+    names = tuple(f"n{i + 1}" for i in range(nodes))
+    return JobInfo("slurm", "113", names, (1,) * nodes, node_gpus=(gpus,) * nodes)
+
+
+@pytest.mark.parametrize(
+    ("layout", "gpus", "expected"),
+    [
+        ("jax", ("2", "3"), [("n1", 0, ("2", "3")), ("n2", 1, ("2", "3"))]),
+        ("jax", (), [("n1", 0, ()), ("n2", 1, ())]),
+        ("jax-per-gpu", ("2", "3"), [("n1", 0, ("2",)), ("n1", 1, ("3",)), ("n2", 2, ("2",)), ("n2", 3, ("3",))]),
+        ("jax-per-gpu", (), [("n1", 0, ()), ("n2", 1, ())]),  # a CPU-only node still gets one process
+    ],
+)
+def test_jax_layouts_run_the_script_everywhere(layout: str, gpus: tuple[str, ...], expected: list[Any]) -> None:
+    plan = build_plan(job(gpus), layout)
+    assert [(p.node, p.index, p.gpus) for p in plan.processes] == expected
+    assert {p.job for p in plan.processes} == {"worker"}  # no chief, no ps
+    assert plan.script_runners == list(plan.processes)
+    assert len({p.port for p in plan.processes if p.host == "n1"}) == sum(p.host == "n1" for p in plan.processes)
+
+
+def test_jax_env_per_process() -> None:
+    plan = build_plan(job(("2", "3"), nodes=3), "jax")
+    envs = [jax_env(plan, p) for p in plan.processes]
+    first = plan.processes[0].address
+    assert [e["KERAS_DISTRIBUTION_PROCESS_ID"] for e in envs] == ["0", "1", "2"]
+    assert {e["KERAS_DISTRIBUTION_NUM_PROCESSES"] for e in envs} == {"3"}
+    assert {e["KERAS_DISTRIBUTION_JOB_ADDRESSES"] for e in envs} == {first}  # the coordinator: process 0
+    assert {e["KERAS_BACKEND"] for e in envs} == {"jax"}
+    # CUDA_VISIBLE_DEVICES=2,3 renumbers the GPUs 0,1 inside the process: JAX sees both.
+    assert {e["JAX_LOCAL_DEVICE_IDS"] for e in envs} == {"0,1"}
+    assert not any("JAX_COORDINATOR_BIND_ADDRESS" in e for e in envs)  # a node name: JAX's default [::]
+    assert jax_env(build_plan(job(("2", "3")), "allreduce"), plan.processes[0]) == {}
+
+
+def test_coordinator_binds_to_the_chosen_address() -> None:
+    plan = build_plan(job(()), "jax", hosts={"n1": "10.1.0.1", "n2": "10.1.0.2"})
+    envs = [jax_env(plan, p) for p in plan.processes]
+    assert envs[0]["JAX_COORDINATOR_BIND_ADDRESS"] == envs[0]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == plan.processes[0].address
+    assert "JAX_COORDINATOR_BIND_ADDRESS" not in envs[1]
+    assert "JAX_LOCAL_DEVICE_IDS" not in envs[0]  # CPU-only: nothing to restrict
+
+
+@pytest.mark.parametrize(
+    ("module", "env", "nodes", "gpu_ids"),
+    [
+        ("keras_distrib.pbs", fixture_env("pbs_job", CUDA_VISIBLE_DEVICES="2,3"), ["cn07", "cn03", "cn05"], "0,1"),
+        ("keras_distrib.pbs", fixture_env("pbs_job"), ["cn07", "cn03", "cn05"], None),
+        ("keras_distrib.sge", fixture_env("sge_job", CUDA_VISIBLE_DEVICES="0"), ["n1", "n2", "n3"], "0"),
+        ("keras_distrib.lsf", fixture_env("lsf_mcpu", CUDA_VISIBLE_DEVICES="1,2,3"), ["hostA", "hostB"], "0,1,2"),
+        ("keras_distrib.lsf", fixture_env("lsf_mcpu"), ["hostA", "hostB"], None),
+        ("keras_distrib.slurm", fixture_env("slurm_gpu_step"), ["gpu07", "gpu08"], "0,1"),
+        ("keras_distrib", STATIC, ["ws-alpha", "ws-beta"], "0,1"),  # the host file gives each host 2 GPUs
+    ],
+)
+def test_plan_json_has_each_process_env(module: str, env: dict[str, str], nodes: list[str], gpu_ids: str | None) -> None:
+    plan, _ = plan_json(env, "--layout", "jax", module=module)
+    assert plan["layout"] == "jax" and plan["nodes"] == nodes
+    procs = plan["processes"]
+    assert [p["node"] for p in procs] == nodes
+    for index, proc in enumerate(procs):
+        assert proc["env"]["KERAS_DISTRIBUTION_PROCESS_ID"] == str(index)
+        assert proc["env"]["KERAS_DISTRIBUTION_NUM_PROCESSES"] == str(len(nodes))
+        assert proc["env"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == procs[0]["address"]
+        assert proc["env"].get("JAX_LOCAL_DEVICE_IDS") == gpu_ids
+
+
+def test_keras_backend_jax_selects_the_jax_layout_with_one_line() -> None:
+    plan, stderr = plan_json(dict(fixture_env("pbs_job"), KERAS_BACKEND="jax"), module="keras_distrib.pbs")
+    assert plan["layout"] == "jax"
+    assert stderr.strip() == "keras_distrib: KERAS_BACKEND=jax and no --layout given: using --layout jax."
+    explicit, stderr = plan_json(dict(fixture_env("pbs_job"), KERAS_BACKEND="jax"), "--layout", "allreduce",
+                                 module="keras_distrib.pbs")
+    assert explicit["layout"] == "allreduce" and not stderr.strip()
+
+
+def test_jax_per_gpu_with_one_task_per_gpu() -> None:
+    """srun --ntasks-per-node=2 with 2 GPUs per node: per-role mode, one process per task."""
+    env = fixture_env("slurm_gpu_step")
+    plan, _ = plan_json(env, "--layout", "jax-per-gpu", module="keras_distrib.slurm")
+    assert [(p["node"], p["gpus"], p["env"].get("JAX_LOCAL_DEVICE_IDS")) for p in plan["processes"]] == [
+        ("gpu07", ["2"], "0"), ("gpu07", ["3"], "0"), ("gpu08", ["2"], "0"), ("gpu08", ["3"], "0")]
