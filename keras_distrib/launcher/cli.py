@@ -33,6 +33,10 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--interface", default=None, help="network interface whose IPv4 address peers use, e.g. ib0")
     p.add_argument("--startup-timeout", type=float, default=None, help="seconds to wait for all peers (default 180)")
     p.add_argument("--shutdown-grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL at the end (default 3)")
+    p.add_argument("--verbose", action="store_true", default=None,
+                   help="show TensorFlow's start-up logs and every allreduce worker's output")
+    p.add_argument("--heartbeat-timeout", type=float, default=None,
+                   help="seconds of silence after which a node counts as lost (default 30)")
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
@@ -52,7 +56,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace")}
+    flags = {k: getattr(args, k) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "verbose", "heartbeat_timeout")}
     return validate(options.merged(flags))
 
 

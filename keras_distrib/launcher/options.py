@@ -24,6 +24,8 @@ class Options:
     startup_timeout: float = 180.0
     shutdown_grace: float = 3.0
     scheduler: str | None = None
+    verbose: bool = False
+    heartbeat_timeout: float = 30.0
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -62,10 +64,12 @@ def validate(options: Options) -> Options:
     """Check option values before anything starts."""
     if options.layout not in LAYOUTS:
         raise ClusterConfigError(f"layout={options.layout!r} is unknown.", f"use one of: {', '.join(LAYOUTS)}.")
-    for name in ("startup_timeout", "shutdown_grace"):
+    for name in ("startup_timeout", "shutdown_grace", "heartbeat_timeout"):
         value = getattr(options, name)
         if not isinstance(value, (int, float)) or value <= 0:
             raise ClusterConfigError(f"{name.replace('_', '-')}={value!r} must be a positive number of seconds.", "e.g. 120.")
     if options.port_base is not None and not isinstance(options.port_base, int):
         raise ClusterConfigError(f"port-base={options.port_base!r} is not an integer.", "e.g. --port-base 23000.")
+    if not isinstance(options.verbose, bool):
+        raise ClusterConfigError(f"verbose={options.verbose!r} is not true or false.", "e.g. 'verbose: true' or --verbose.")
     return options
