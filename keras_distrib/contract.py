@@ -49,7 +49,7 @@ TF_CONFIG_VAR = "TF_CONFIG"
 LOG_LEVEL_VAR = "TF_CPP_MIN_LOG_LEVEL"
 # Linux's MAX_ARG_STRLEN is 32 pages (131,072 bytes) for "NAME=value\0"; stay well below
 # so the rest of the environment and argv (ARG_MAX) keep room.
-TF_CONFIG_LIMIT = 100_000
+TF_CONFIG_LIMIT = 131_072 - len("TF_CONFIG=") - 1
 # Hides TensorFlow's C++ INFO and WARNING lines (oneDNN, cuInit, CUDA drivers) in children.
 QUIET_LOG_LEVEL = "2"
 PLAN_FILE_NAME = "plan.json"
@@ -81,9 +81,10 @@ def remove_plan_file(path: Path) -> None:
         pass
 
 
-def tf_config_json(cluster: Mapping[str, list[str]], job: str, index: int) -> str:
-    """TensorFlow's TF_CONFIG for one task."""
-    return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
+def tf_config_json(cluster: Mapping[str, list[str]] | str, job: str, index: int) -> str:
+    """TensorFlow's TF_CONFIG for one task; ``cluster`` may come already JSON-encoded."""
+    encoded = cluster if isinstance(cluster, str) else json.dumps(cluster)
+    return f'{{"cluster": {encoded}, "task": {json.dumps({"type": job, "index": index})}}}'
 
 
 def child_variables(

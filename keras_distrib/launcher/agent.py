@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
@@ -95,6 +96,10 @@ class Agent:
     client: control.ControlClient | None = None
     plan_file: Path | None = None
     secret_file: Path | None = None
+    # How a child is started, and the cluster as JSON: the control-plane benchmark, which
+    # simulates thousands of agents in one process, passes a fake and a shared encoding.
+    spawner: Callable[..., Child] = spawn
+    cluster_json: str | None = None
 
     # -- start-up ---------------------------------------------------------------
 
@@ -123,22 +128,23 @@ class Agent:
 
     def start(self, procs: list[Process]) -> None:
         """Write the plan file once for this node, then start ``procs`` (see contract.py)."""
-        data = self.plan.to_json()
         if self.plan_file is None:
-            self.plan_file = contract.write_plan_file(json.dumps(data))
-        cluster = data["cluster"]
+            self.plan_file = contract.write_plan_file(json.dumps(self.plan.to_json()))
+        # Encoded once per node: TF_CONFIG is only built when the cluster can fit in it.
+        cluster_json = self.cluster_json or json.dumps(self.plan.cluster_spec())
         for proc in procs:
+            tf_config = contract.tf_config_json(cluster_json, proc.job, proc.index) if len(cluster_json) < contract.TF_CONFIG_LIMIT else None
             variables = contract.child_variables(
                 self.plan_file, (proc.job, proc.index), proc.node, self.plan.layout, self.plan.protocol,
-                self.options.startup_timeout, contract.tf_config_json(cluster, proc.job, proc.index),
+                self.options.startup_timeout, tf_config,
             )
             env = child_env(os.environ, variables, proc, self.options.verbose)
             if self.options.interface and self.plan.layout == "allreduce":
                 # NCCL's bootstrap and socket transport use the same network (unless set).
                 env.setdefault("NCCL_SOCKET_IFNAME", self.options.interface)
             self.children.append(
-                spawn(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit,
-                      output=self.output_filter(proc))
+                self.spawner(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit,
+                             output=self.output_filter(proc))
             )
 
     def output_filter(self, proc: Process) -> OutputFilter:
