@@ -42,7 +42,9 @@ ARG_MAX = os.sysconf("SC_ARG_MAX")
 MAX_ARG_STRLEN = 131_072
 LAYOUT = "ps-per-node"
 PORT_BASE = 31000
-WORKER_PROCESSES = 4
+# Simulated agents per worker process: each has 3 threads (relay, heartbeat, its own), and
+# thousands of threads fighting for one GIL would measure the simulation, not the design.
+AGENTS_PER_PROCESS = 100
 SHARED: dict[str, Any] = {}
 
 
@@ -115,6 +117,7 @@ def run_agent0(nodes: int, workdir: str, options: Options, out: Any) -> None:
 def run_workers(nodes: int, ids: list[int], workdir: str, options: Options, out: Any) -> None:
     os.chdir(workdir)
     threading.stack_size(256 * 1024)
+    sys.setswitchinterval(0.05)
     job, plan, plan_file = shared_state(nodes, workdir)
     results: list[tuple[float, list[float]]] = []
     errors: list[str] = []
@@ -157,11 +160,12 @@ def measure(nodes: int) -> dict[str, float]:
     options = Options(startup_timeout=300.0)
     with tempfile.TemporaryDirectory() as workdir:
         out = ctx.Queue()
-        agent0 = ctx.Process(target=run_agent0, args=(nodes, workdir, options, out))
+        agent0 = ctx.Process(target=run_agent0, args=(nodes, workdir, options, out), daemon=True)
         agent0.start()
         others = list(range(1, nodes))
-        groups = [others[i::WORKER_PROCESSES] for i in range(WORKER_PROCESSES)]
-        workers = [ctx.Process(target=run_workers, args=(nodes, g, workdir, options, out)) for g in groups if g]
+        count = max(1, len(others) // AGENTS_PER_PROCESS)
+        groups = [others[i::count] for i in range(count)]
+        workers = [ctx.Process(target=run_workers, args=(nodes, g, workdir, options, out), daemon=True) for g in groups if g]
         for w in workers:
             w.start()
         began: list[float] = []
@@ -201,7 +205,10 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     sizes = [20, 50] if args.smoke else [int(s) for s in args.sizes.split(",")]
-    rows = [measure(n) for n in sizes]
+    rows = []
+    for n in sizes:
+        rows.append(measure(n))
+        print(f"measured {n} agents: {rows[-1]}", file=sys.stderr, flush=True)
     base = rows[0]
     print(f"{'agents':>7} {'children':>8} {'last agent -> all children (s)':>31} {'ratio':>6} "
           f"{'per agent ratio':>15} {'agent 0 RSS MiB':>15} {'per-node local work (s)':>23}")

@@ -35,6 +35,7 @@ from .. import contract
 from ..network import wait_reachable
 from ..plan import CHIEF, Plan, Process, build_plan, process_for_task
 from .interfaces import interface_ipv4
+from .isolation import IsolationUnavailable, isolate_network
 from .options import Options
 from .prestart import require_free_ports, require_protocol
 
@@ -392,6 +393,19 @@ class Agent:
             self.secret_file.unlink(missing_ok=True)  # the job is over: nobody needs it
 
 
+def isolate_local_job(node: str, wanted: bool) -> None:
+    """Local mode: run the job in a private network (loopback only), or say why not."""
+    if not wanted:
+        say(node, "warning: --no-isolation: the job's TF servers listen on every interface of this "
+            "machine while it runs, reachable (and usable) by anyone who can reach this machine.")
+        return
+    try:
+        isolate_network()
+    except IsolationUnavailable as exc:
+        say(node, f"warning: cannot give the local job a private network ({exc.strerror}); its TF servers "
+            "listen on every interface of this machine while it runs, reachable by anyone who can reach it.")
+
+
 def launch(
     job: JobInfo,
     plan: Plan,
@@ -415,6 +429,8 @@ def launch(
     if options.interface:
         interface_ipv4(options.interface, job.node)  # fail before starting anything
     require_protocol(options.protocol)
+    if local:
+        isolate_local_job(job.nodes[0], options.isolate)
     agent = Agent(agent_spec(job, mode, local), job, plan, options, mode, script_argv, check or script is None)
     ports = {p.port: p.name for p in agent.my_processes()}
     if agent.spec.agent_id == 0 and agent.spec.num_agents > 1:

@@ -40,6 +40,9 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
+        p.add_argument("--no-isolation", dest="isolate", action="store_false", default=None,
+                       help="share this machine's network (default: a private loopback-only network; "
+                            "needed if SCRIPT downloads data)")
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="training script run by the chief (or every allreduce worker)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT")
     return p
@@ -57,6 +60,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
     flags = {k: getattr(args, k) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "verbose", "heartbeat_timeout")}
+    flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 
 

@@ -26,6 +26,7 @@ class Options:
     scheduler: str | None = None
     verbose: bool = False
     heartbeat_timeout: float = 30.0
+    isolate: bool = True
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -70,6 +71,8 @@ def validate(options: Options) -> Options:
             raise ClusterConfigError(f"{name.replace('_', '-')}={value!r} must be a positive number of seconds.", "e.g. 120.")
     if options.port_base is not None and not isinstance(options.port_base, int):
         raise ClusterConfigError(f"port-base={options.port_base!r} is not an integer.", "e.g. --port-base 23000.")
+    if not isinstance(options.isolate, bool):
+        raise ClusterConfigError(f"isolate={options.isolate!r} is not true or false.", "e.g. 'isolate: false' or --no-isolation.")
     if not isinstance(options.verbose, bool):
         raise ClusterConfigError(f"verbose={options.verbose!r} is not true or false.", "e.g. 'verbose: true' or --verbose.")
     return options
