@@ -106,8 +106,9 @@ def run_agent0(nodes: int, workdir: str, options: Options, out: Any) -> None:
     job, plan, plan_file = shared_state(nodes, workdir)
     agent = make_agent(0, nodes, job, plan, plan_file, options)
     agent.form_job()
+    formed = time.time()
     agent.start(agent.my_processes())
-    out.put(("agent0", [c.started for c in agent.children], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024))
+    out.put(("agent0", [c.started for c in agent.children], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, formed))
     time.sleep(1.0)  # let the start message drain before the stop order
     agent.stop(0)
     time.sleep(1.0)
@@ -129,7 +130,7 @@ def run_workers(nodes: int, ids: list[int], workdir: str, options: Options, out:
             agent.form_job()
             agent.start(agent.my_processes())
             results.append((began, [c.started for c in agent.children]))
-            agent.events.get(timeout=60)  # the stop order
+            agent.events.get(timeout=240)  # the stop order
         except Exception as exc:  # reported, the bench fails
             errors.append(f"agent {agent_id}: {exc!r}")
         finally:
@@ -170,12 +171,12 @@ def measure(nodes: int) -> dict[str, float]:
             w.start()
         began: list[float] = []
         children: list[float] = []
-        rss = 0.0
+        rss = formed = 0.0
         for _ in range(1 + len(workers)):
             kind, *payload = out.get(timeout=float(os.environ.get("BENCH_WAIT", "600")))
             if kind == "agent0":
                 children += payload[0]
-                rss = payload[1]
+                rss, formed = payload[1], payload[2]
             else:
                 results, errors = payload
                 if errors:
@@ -193,6 +194,7 @@ def measure(nodes: int) -> dict[str, float]:
             "children": len(children),
             "last_agent_to_all_children_s": max(children) - max(began),
             "first_agent_to_all_children_s": max(children) - min(began),
+            "last_agent_to_job_formed_s": formed - max(began),
             "agent0_peak_rss_mib": rss,
             "per_node_local_work_s": local_work(nodes, workdir),
         }

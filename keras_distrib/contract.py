@@ -18,8 +18,8 @@ Every child of an agent gets these variables:
 ``KERAS_DISTRIB_STARTUP_TIMEOUT``  seconds to wait for the other tasks.
 ``TF_CONFIG``                  TensorFlow's own variable, for code that reads it directly
                                (legacy path): set only while it fits under
-                               ``TF_CONFIG_LIMIT`` bytes (about 4,000 nodes in the ps
-                               layouts, 8,000 in allreduce); above that it is absent and
+                               ``TF_CONFIG_LIMIT`` bytes (about 3,600 nodes of 8-character names in the ps
+                               layouts, 7,200 in allreduce); above that it is absent and
                                only the plan file describes the cluster.
 ``CUDA_VISIBLE_DEVICES``       the GPUs the plan gives this process (empty: none).
 ``PYTHONUNBUFFERED``           ``1``, so output reaches the agent line by line.
