@@ -1,6 +1,6 @@
 """Job formation at scale: N simulated agents on this machine, the real agent code.
 
-    python bench/control_plane.py [--sizes 100,1000,5000] [--smoke] [--rounds 1]
+    python bench/control_plane.py [--sizes 100,1000,5000] [--smoke] [--rounds 1] [--out DIR]
 
 For each size N, agent 0 runs in its own process and the N-1 other agents run as threads
 in a few worker processes. Every agent is the launcher's real ``Agent``: it computes its
@@ -19,11 +19,11 @@ and reported separately as "per-node local work", measured on one agent at that 
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
 import resource
+import statistics
 import sys
 import tempfile
 import threading
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _harness import Comparison, parser, print_table, save
 from cluster_parsers import JobInfo
 from keras_distrib import contract
 from keras_distrib.launcher import agent as agent_module
@@ -201,28 +202,32 @@ def measure(nodes: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="100,1000,5000")
-    parser.add_argument("--smoke", action="store_true", help="20 and 50 agents: proves the program works")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    args = parser.parse_args()
+    p = parser(__doc__)
+    p.add_argument("--sizes", default="100,1000,5000", help="numbers of agents, smallest first")
+    p.set_defaults(rounds=1)
+    args = p.parse_args()
     sizes = [20, 50] if args.smoke else [int(s) for s in args.sizes.split(",")]
-    rows = []
+    base = sizes[0]
+    comparisons = {n: Comparison(f"formation {n} vs {base} agents", f"{n} agents", f"{base} agents", "s",
+                                 target="< 5 s at 5,000, ~linear") for n in sizes[1:]}
+    rows: dict[int, list[dict[str, float]]] = {n: [] for n in sizes}
+    for i in range(args.rounds):
+        for n in sizes:
+            rows[n].append(measure(n))
+            print(f"  round {i + 1}/{args.rounds}: {rows[n][-1]}", file=sys.stderr, flush=True)
+        for n in sizes[1:]:
+            comparisons[n].a.append(rows[n][-1]["last_agent_to_all_children_s"])
+            comparisons[n].b.append(rows[base][-1]["last_agent_to_all_children_s"])
+    print_table("Control plane: last agent's start -> every child started (simulated agents, real agent code)",
+                list(comparisons.values()))
     for n in sizes:
-        rows.append(measure(n))
-        print(f"measured {n} agents: {rows[-1]}", file=sys.stderr, flush=True)
-    base = rows[0]
-    print(f"{'agents':>7} {'children':>8} {'last agent -> all children (s)':>31} {'ratio':>6} "
-          f"{'per agent ratio':>15} {'agent 0 RSS MiB':>15} {'per-node local work (s)':>23}")
-    for r in rows:
-        ratio = r["last_agent_to_all_children_s"] / max(base["last_agent_to_all_children_s"], 1e-9)
-        per_agent = ratio / (r["nodes"] / base["nodes"])
-        print(f"{r['nodes']:>7} {r['children']:>8} {r['last_agent_to_all_children_s']:>31.2f} {ratio:>6.1f} "
-              f"{per_agent:>15.2f} {r['agent0_peak_rss_mib']:>15.0f} {r['per_node_local_work_s']:>23.3f}")
-    if not args.smoke:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "control_plane.json").write_text(json.dumps(rows, indent=1))
-    sys.stdout.flush()
+        last = rows[n][-1]
+        print(f"  {n:>6} agents: {last['children']:.0f} children, last agent -> job formed "
+              f"{statistics.median(r['last_agent_to_job_formed_s'] for r in rows[n]):.2f} s, -> all children "
+              f"{statistics.median(r['last_agent_to_all_children_s'] for r in rows[n]):.2f} s, agent 0 peak RSS "
+              f"{max(r['agent0_peak_rss_mib'] for r in rows[n]):.0f} MiB, per-node local work "
+              f"{statistics.median(r['per_node_local_work_s'] for r in rows[n]):.3f} s")
+    save("control_plane", list(comparisons.values()), {"rows": {str(n): rows[n] for n in sizes}}, args.out)
 
 
 if __name__ == "__main__":
