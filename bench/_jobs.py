@@ -22,7 +22,7 @@ import json, os, sys, time
 mark = os.environ["MARK_FILE"]
 import tensorflow as tf
 import keras
-if "KERAS_DISTRIB_PLAN" in os.environ:
+if "KERAS_DISTRIB_PLAN_FILE" in os.environ:
     import keras_distrib
     strategy = keras_distrib.strategy()
 else:

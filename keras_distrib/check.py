@@ -6,7 +6,6 @@ every server listens. Exit 0 when every task answered with the GPUs the plan gav
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 
 from .network import wait_reachable
 from .plan import CHIEF, JAX_LAYOUTS, Plan, Process
-from .contract import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR
+from . import contract
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,14 @@ def main() -> int:
         from .jax_check import main as jax_main
 
         return jax_main()
-    plan = Plan.from_json(json.loads(os.environ["KERAS_DISTRIB_PLAN"]), os.environ.get(PROTOCOL_VAR, "grpc"))
+    data = contract.read_plan(os.environ)
+    if data is None:
+        print(f"the cluster check runs under the launcher ({contract.PLAN_FILE_VAR} is not set)", file=sys.stderr)
+        return 2
+    plan = Plan.from_json(data, contract.protocol(os.environ))
     tasks = [p for p in plan.processes if p.job != CHIEF]
     print(f"cluster check: {plan.scheduler} job {plan.job_id}, layout {plan.layout}, {len(tasks)} task(s)")
-    timeout = float(os.environ.get(STARTUP_TIMEOUT_VAR, "180"))
+    timeout = contract.startup_timeout(os.environ)
     unreachable = set(wait_reachable([p.address for p in tasks], timeout))
     if unreachable:
         # Connecting TensorFlow to a cluster with a dead task would block: report instead.

@@ -1,32 +1,31 @@
 """`python -m keras_distrib.servers`: the TensorFlow server of one ps or worker task.
 
-Reads TF_CONFIG and KERAS_DISTRIB_PROTOCOL, serves until killed. The agent ends it.
+Reads its task and the cluster as contract.py says, serves until killed. The agent ends it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
-from .contract import PROTOCOL_VAR
+from . import contract
 
 
 def main() -> None:
     # The agent forwards SIGUSR1 to every child so scripts can checkpoint on it; a server
     # must survive it (its default action would kill the process).
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    config = json.loads(os.environ["TF_CONFIG"])
-    job, index = config["task"]["type"], int(config["task"]["index"])
-    protocol = os.environ.get(PROTOCOL_VAR, "grpc")
+    job, index = contract.read_task(os.environ)
+    cluster = contract.read_tf_cluster(os.environ)
+    protocol = contract.protocol(os.environ)
 
     import tensorflow as tf
 
     server = tf.distribute.Server(
-        tf.train.ClusterSpec(config["cluster"]), job_name=job, task_index=index, protocol=protocol, start=True
+        tf.train.ClusterSpec(cluster), job_name=job, task_index=index, protocol=protocol, start=True
     )
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
-    address = config["cluster"][job][index]
+    address = cluster[job][index]
     print(f"serving {job}:{index} at {address} over {protocol}; GPUs visible: {gpus or 'none'}", flush=True)
     server.join()
 

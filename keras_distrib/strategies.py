@@ -9,9 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import contract
 from .plan import CHIEF, JAX_LAYOUTS, PS, WORKER, Plan, Process
-
-PLAN_VAR = "KERAS_DISTRIB_PLAN"
 
 
 class NotInJobError(RuntimeError):
@@ -49,26 +48,26 @@ class ClusterInfo:
 
 
 def cluster(environ: Mapping[str, str] | None = None) -> ClusterInfo:
-    """This process's role and the whole plan, from the variables the agent set.
+    """This process's role and the whole plan, from what the agent passed (contract.py).
 
     A bare TF_CONFIG (processes started by hand) also works: the plan is read from its
     cluster, with the layout inferred (ps tasks -> ps-per-node, else allreduce).
     """
     env = os.environ if environ is None else environ
-    if "TF_CONFIG" not in env:
+    if not contract.in_job(env):
         raise NotInJobError(
-            "not inside a keras_distrib job (TF_CONFIG and KERAS_DISTRIB_PLAN are not set). "
+            f"not inside a keras_distrib job ({contract.PLAN_FILE_VAR} and TF_CONFIG are not set). "
             "HINT: run the script through the launcher: python -m keras_distrib.local --nodes 2 SCRIPT "
             "(one machine) or srun --ntasks-per-node=1 python -m keras_distrib.slurm SCRIPT."
         )
-    tf_config = json.loads(env["TF_CONFIG"])
-    task = tf_config["task"]
-    protocol = env.get("KERAS_DISTRIB_PROTOCOL", "grpc")
-    if PLAN_VAR in env:
-        plan = Plan.from_json(json.loads(env[PLAN_VAR]), protocol)
+    protocol = contract.protocol(env)
+    data = contract.read_plan(env)
+    if data is not None:
+        plan = Plan.from_json(data, protocol)
     else:
-        plan = plan_from_cluster_spec(tf_config["cluster"], protocol)
-    return ClusterInfo(plan, task["type"], int(task["index"]))
+        plan = plan_from_cluster_spec(json.loads(env[contract.TF_CONFIG_VAR])["cluster"], protocol)
+    job, index = contract.read_task(env)
+    return ClusterInfo(plan, job, index)
 
 
 def plan_from_cluster_spec(spec: Mapping[str, list[str]], protocol: str = "grpc") -> Plan:

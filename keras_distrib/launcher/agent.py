@@ -14,6 +14,7 @@ channel (keras_distrib.launcher.control). The rules:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue
@@ -23,22 +24,29 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
 
 from . import control
-from .children import Child, child_env, describe_exit, shell_exit_code, spawn
-from ..contract import PROTOCOL_VAR, STARTUP_TIMEOUT_VAR
+from .children import Child, OutputFilter, child_env, describe_exit, shell_exit_code, spawn
+from .. import contract
 from ..network import wait_reachable
 from ..plan import CHIEF, JAX_LAYOUTS, Plan, Process, build_plan, jax_env, process_for_task
 from .interfaces import interface_ipv4
+from .isolation import IsolationUnavailable, isolate_network
 from .options import Options
-from .prestart import require_protocol
+from .prestart import require_free_ports, require_protocol
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 # How long an agent with no script waits for agent 0's stop order after SIGTERM/SIGINT.
 ORPHAN_STOP_WAIT = 30.0
+
+
+def plan_digest(plan: Plan) -> str:
+    """A short fingerprint of the plan, so agents can check they agree without sending it."""
+    return hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True).encode()).hexdigest()
 
 
 def say(node: str, text: str) -> None:
@@ -87,6 +95,12 @@ class Agent:
     done_agents: set[int] = field(default_factory=set)
     server: control.ControlServer | None = None
     client: control.ControlClient | None = None
+    plan_file: Path | None = None
+    secret_file: Path | None = None
+    # How a child is started, and the cluster as JSON: the control-plane benchmark, which
+    # simulates thousands of agents in one process, passes a fake and a shared encoding.
+    spawner: Callable[..., Child] = spawn
+    cluster_json: str | None = None
 
     # -- start-up ---------------------------------------------------------------
 
@@ -115,47 +129,87 @@ class Agent:
         return [sys.executable, "-m", "keras_distrib.servers"]
 
     def start(self, procs: list[Process]) -> None:
-        plan_json = json.dumps(self.plan.to_json())
+        """Write the plan file once for this node, then start ``procs`` (see contract.py)."""
+        if self.plan_file is None:
+            self.plan_file = contract.write_plan_file(json.dumps(self.plan.to_json()))
+        # Encoded once per node: TF_CONFIG is only built when the cluster can fit in it.
+        cluster_json = self.cluster_json or json.dumps(self.plan.cluster_spec())
         for proc in procs:
-            env = child_env(os.environ, plan_json, json.dumps(self.plan.tf_config(proc)), proc, self.plan.layout)
-            env[PROTOCOL_VAR] = self.plan.protocol
-            env[STARTUP_TIMEOUT_VAR] = str(self.options.startup_timeout)
+            tf_config = contract.tf_config_json(cluster_json, proc.job, proc.index) if len(cluster_json) < contract.TF_CONFIG_LIMIT else None
+            variables = contract.child_variables(
+                self.plan_file, (proc.job, proc.index), proc.node, self.plan.layout, self.plan.protocol,
+                self.options.startup_timeout, tf_config,
+            )
+            env = child_env(os.environ, variables, proc, self.options.verbose)
             env.update(jax_env(self.plan, proc))
             if self.options.interface and self.plan.layout == "allreduce":
                 # NCCL's bootstrap and socket transport use the same network (unless set).
                 env.setdefault("NCCL_SOCKET_IFNAME", self.options.interface)
             self.children.append(
-                spawn(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit)
+                self.spawner(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit,
+                             output=self.output_filter(proc))
             )
+
+    def output_filter(self, proc: Process) -> OutputFilter:
+        """Banners hidden unless --verbose; allreduce workers other than 0 quiet unless --verbose."""
+        quiet = self.plan.layout == "allreduce" and proc.job != CHIEF and proc.index != 0 and not self.options.verbose
+        return OutputFilter(banners=self.options.verbose, quiet=quiet, has_gpus=bool(proc.gpus))
 
     def _on_exit(self, child: Child, code: int) -> None:
         self.events.put(("exit", child, code))
 
     def form_job(self) -> None:
-        """Connect the agents; every agent adopts agent 0's plan, so all agree exactly."""
+        """Connect and authenticate the agents; check that all computed the same plan.
+
+        Every agent builds the plan itself (it is deterministic); agent 0 compares their
+        digests and sends only what it alone knows (the interface addresses), so the
+        start message stays small at any job size.
+        """
         my_ip = interface_ipv4(self.options.interface, self.spec.node) if self.options.interface else None
         if self.spec.num_agents == 1:
             if my_ip:
                 self.plan = self._with_hosts({n: my_ip for n in self.plan.nodes})
             return
         port = self.plan.control_port()
+        try:
+            secret, self.secret_file = control.job_secret(self.plan.scheduler, self.plan.job_id, os.environ)
+        except OSError as exc:
+            raise control.ControlError(
+                f"cannot create the job secret in {Path.cwd() / control.SECRET_DIR} ({exc.strerror}); "
+                f"run from a writable directory shared by the nodes, or export {control.SECRET_VAR}=<random string> "
+                "in the job script"
+            ) from None
+        digest = plan_digest(self.plan)
         if self.spec.agent_id == 0:
-            self.server = control.ControlServer(port, self.spec.num_agents - 1)
             others = {a: n for a, n in self.spec.agent_nodes.items() if a != 0}
+            self.server = control.ControlServer(
+                port, self.spec.num_agents - 1, secret, log=lambda line: say(self.spec.node, line),
+                heartbeat_timeout=self.options.heartbeat_timeout, valid_agents=others,
+            )
             hellos = self.server.gather(self.options.startup_timeout, others)
+            differ = sorted(a for a, h in hellos.items() if h.get("plan") != digest)
+            if differ:
+                raise control.ControlError(
+                    f"the plan computed on {control.first_few(others[a] for a in differ)} differs from this node's "
+                    "(different options or job variables on those nodes?)"
+                )
+            start: dict[str, Any] = {}
             if my_ip:
-                hosts = {h["node"]: h["ip"] for h in hellos.values()} | {self.spec.node: my_ip}
-                self.plan = self._with_hosts(hosts)
-            self.server.broadcast({"start": self.plan.to_json()})
+                start["hosts"] = {h["node"]: h["ip"] for h in hellos.values()} | {self.spec.node: my_ip}
+                self.plan = self._with_hosts(start["hosts"])
+            self.server.broadcast({"start": start})
             self.server.listen(lambda agent, msg: self.events.put(("peer", agent, msg)))
         else:
             first = self.plan.processes[0].node
-            hello = {"agent": self.spec.agent_id, "node": self.spec.node, "ip": my_ip}
-            self.client = control.ControlClient(first, port, hello, self.options.startup_timeout)
+            hello = {"agent": self.spec.agent_id, "node": self.spec.node, "ip": my_ip, "plan": digest}
+            self.client = control.ControlClient(
+                first, port, hello, self.options.startup_timeout, secret, self.options.heartbeat_timeout
+            )
             message = self.client.receive()
             if not message or "start" not in message:
                 raise control.ControlError(f"the agent on {first} went away before the job started")
-            self.plan = Plan.from_json(message["start"], self.plan.protocol)
+            if message["start"].get("hosts"):
+                self.plan = self._with_hosts(message["start"]["hosts"])
             threading.Thread(target=self._relay_from_agent0, daemon=True).start()
 
     def _with_hosts(self, hosts: dict[str, str]) -> Plan:
@@ -280,6 +334,9 @@ class Agent:
             if self.interrupted:  # that agent ended on the same signal; the script decides
                 return None
             return self.fail(f"the agent on {self.spec.agent_nodes[agent]} disconnected unexpectedly", 1)
+        if control.LOST in message:
+            return self.fail(f"lost the node {self.spec.agent_nodes[agent]}: its agent sent no heartbeat for "
+                             f"{message[control.LOST]:.0f} s (node down or network cut)", 1)
         if "failed" in message:
             return self.stop(int(message.get("code") or 1))
         if "done" in message:
@@ -334,6 +391,23 @@ class Agent:
         for endpoint in (self.server, self.client):
             if endpoint is not None:
                 endpoint.close()
+        if self.plan_file is not None:
+            contract.remove_plan_file(self.plan_file)
+        if self.secret_file is not None and self.spec.agent_id == 0:
+            self.secret_file.unlink(missing_ok=True)  # the job is over: nobody needs it
+
+
+def isolate_local_job(node: str, wanted: bool) -> None:
+    """Local mode: run the job in a private network (loopback only), or say why not."""
+    if not wanted:
+        say(node, "warning: --no-isolation: the job's TF servers listen on every interface of this "
+            "machine while it runs, reachable (and usable) by anyone who can reach this machine.")
+        return
+    try:
+        isolate_network()
+    except IsolationUnavailable as exc:
+        say(node, f"warning: cannot give the local job a private network ({exc.strerror}); its TF servers "
+            "listen on every interface of this machine while it runs, reachable by anyone who can reach it.")
 
 
 def launch(
@@ -359,5 +433,11 @@ def launch(
     if options.interface:
         interface_ipv4(options.interface, job.node)  # fail before starting anything
     require_protocol(options.protocol)
+    if local:
+        isolate_local_job(job.nodes[0], options.isolate)
     agent = Agent(agent_spec(job, mode, local), job, plan, options, mode, script_argv, check or script is None)
+    ports = {p.port: p.name for p in agent.my_processes()}
+    if agent.spec.agent_id == 0 and agent.spec.num_agents > 1:
+        ports[plan.control_port()] = "the agents' control port"
+    require_free_ports(ports, job.node)
     return agent.run()

@@ -2,36 +2,103 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from ..contract import LOG_LEVEL_VAR, QUIET_LOG_LEVEL
 from ..plan import Process
 
 _PR_SET_PDEATHSIG = 1
+# Signals whose disposition a child must start with at default, whatever the agent
+# inherited: a launcher started with `&` from a script ignores SIGINT (POSIX shells do
+# that for background jobs), and SIG_IGN survives exec, so Ctrl-C would never reach
+# the script. subprocess's restore_signals only covers SIGPIPE/SIGXFZ/SIGXFSZ.
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
 
 
-def _death_signal_setter() -> Callable[[], None] | None:
-    """A pre-exec hook so a child is SIGKILLed if its agent dies; None off Linux.
+def _pre_exec_hook() -> Callable[[], None] | None:
+    """A pre-exec hook: default signal dispositions, none blocked, SIGKILL if the agent dies.
 
     libc is looked up here, in the parent, because the hook runs between fork and exec
-    where taking loader locks could deadlock.
+    where taking loader locks could deadlock; only plain libc calls run in the child.
     """
     try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl, set_disposition = libc.prctl, libc.signal
     except (OSError, AttributeError):
         return None
+    set_disposition.restype = ctypes.c_void_p
+    set_disposition.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    sig_dfl = ctypes.c_void_p(0)
 
     def hook() -> None:
+        for sig in DEFAULT_SIGNALS:
+            set_disposition(int(sig), sig_dfl)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
     return hook
+
+
+# TensorFlow's start-up banners, which TF_CPP_MIN_LOG_LEVEL does not silence: absl prints
+# them before its logging is initialised (measured with TF 2.21: one absl notice, the
+# oneDNN and "Could not find cuda drivers" INFO lines, once per import, and cuInit's
+# ERROR on machines without a GPU). C++ INFO/WARNING lines (I/W + glog header) go too;
+# other ERROR lines (e.g. "Failed to add port") always stay.
+_NOISE = re.compile(
+    rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    rb"|[IW]\d{4} \d\d:\d\d:[\d.]+ +\d+ [\w.-]+:\d+\] )"
+)
+# cuInit's error is expected noise only in a process the plan gives no GPU.
+_NO_GPU_NOISE = re.compile(rb"^E\d{4} \d\d:\d\d:[\d.]+ +\d+ cuda_\w+\.cc:\d+\] failed call to cuInit")
+_TRACEBACK_START = b"Traceback (most recent call last):"
+TAIL_LINES = 30
+
+
+@dataclass
+class OutputFilter:
+    """Decides which of a child's output lines are shown.
+
+    * ``banners``: show TensorFlow's start-up banners (``--verbose``); hidden otherwise;
+    * ``quiet``: show nothing, but keep the last lines for when the process fails;
+    * a traceback that ends in ``KeyboardInterrupt`` (Ctrl-C) becomes one line.
+    """
+
+    banners: bool = False
+    quiet: bool = False
+    has_gpus: bool = False
+    tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    _traceback: list[bytes] = field(default_factory=list)
+
+    def feed(self, line: bytes) -> list[bytes]:
+        """The lines to show now, for one line of output."""
+        if not self.banners and (_NOISE.match(line) or (not self.has_gpus and _NO_GPU_NOISE.match(line))):
+            return []
+        self.tail.append(line)
+        if self._traceback or line.startswith(_TRACEBACK_START):
+            self._traceback.append(line)
+            if line[:1] in (b" ", b"\t") or line.startswith(_TRACEBACK_START):
+                return []
+            # The first unindented line after the header is the exception itself.
+            held, self._traceback = self._traceback, []
+            if line.startswith(b"KeyboardInterrupt"):
+                return [] if self.quiet else [b"interrupted (KeyboardInterrupt)\n"]
+            return [] if self.quiet else held
+        return [] if self.quiet else [line]
+
+    def flush(self) -> list[bytes]:
+        """Lines still held (an unfinished traceback) when the output ends."""
+        held, self._traceback = self._traceback, []
+        return [] if self.quiet else held
 
 
 def describe_exit(code: int) -> str:
@@ -57,6 +124,8 @@ class Child:
     popen: subprocess.Popen[bytes]
     runs_script: bool
     pump: threading.Thread
+    # Set once the agent signalled it: its end is then expected, its output tail not needed.
+    signalled: bool = False
 
     @property
     def label(self) -> str:
@@ -64,6 +133,8 @@ class Child:
 
     def signal(self, sig: int) -> None:
         """Send ``sig`` to the child's whole process group (scripts may fork)."""
+        if sig != signal.SIGUSR1:
+            self.signalled = True
         if self.popen.poll() is None:
             try:
                 os.killpg(self.popen.pid, sig)
@@ -78,12 +149,16 @@ def spawn(
     runs_script: bool,
     on_exit: Callable[[Child, int], None],
     out: BinaryIO | None = None,
+    output: OutputFilter | None = None,
 ) -> Child:
     """Start ``argv`` with exactly ``env``; its output lines go to ``out`` with a prefix.
 
+    ``output`` filters the lines (default: banners hidden). A quiet child that fails on
+    its own (not signalled by the agent) still shows its last lines.
     ``on_exit(child, returncode)`` is called from the pump thread once the output is
     drained and the process has ended.
     """
+    output = output if output is not None else OutputFilter()
     popen = subprocess.Popen(
         list(argv),
         env=dict(env),
@@ -91,7 +166,7 @@ def spawn(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=_death_signal_setter(),
+        preexec_fn=_pre_exec_hook(),
     )
     prefix = f"[{proc.node} {proc.name}] ".encode()
     sink = out if out is not None else sys.stdout.buffer
@@ -100,8 +175,17 @@ def spawn(
     def pump() -> None:
         assert popen.stdout is not None
         for line in iter(popen.stdout.readline, b""):
-            write_line(sink, prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
-        on_exit(child, popen.wait())
+            line = line if line.endswith(b"\n") else line + b"\n"
+            for shown in output.feed(line):
+                write_line(sink, prefix + shown)
+        for shown in output.flush():
+            write_line(sink, prefix + shown)
+        code = popen.wait()
+        if output.quiet and code != 0 and not child.signalled and output.tail:
+            write_line(sink, prefix + f"(quiet) failed with {describe_exit(code)}; its last lines:\n".encode())
+            for shown in output.tail:
+                write_line(sink, prefix + shown)
+        on_exit(child, code)
 
     child.pump = threading.Thread(target=pump, name=f"pump-{proc.name}", daemon=True)
     child.pump.start()
@@ -118,20 +202,20 @@ def write_line(sink: BinaryIO, data: bytes) -> None:
         sink.flush()
 
 
-def child_env(base: Mapping[str, str], plan_json: str, tf_config: str, proc: Process, layout: str) -> dict[str, str]:
-    """The explicit environment of one child: the agent's, plus its role and GPUs."""
+def child_env(base: Mapping[str, str], variables: Mapping[str, str], proc: Process, verbose: bool = False) -> dict[str, str]:
+    """The explicit environment of one child: the agent's, the contract's ``variables``
+    (keras_distrib.contract.child_variables), its GPUs and the log level."""
     env = dict(base)
+    # A stale TF_CONFIG from the user's shell must not survive when the plan's is too big.
+    env.pop("TF_CONFIG", None)
+    env.update(variables)
     env.update(
-        TF_CONFIG=tf_config,
-        KERAS_DISTRIB_PLAN=plan_json,
-        KERAS_DISTRIB_LAYOUT=layout,
-        KERAS_DISTRIB_TASK=proc.name,
-        KERAS_DISTRIB_NODE=proc.node,
         # Our ids are the ones the scheduler gave; an empty value hides every GPU, which
         # is what ps and chief processes need (tensorflow#56894: TF's resolver can't).
         CUDA_VISIBLE_DEVICES=",".join(proc.gpus),
         PYTHONUNBUFFERED="1",
-        # One chatty C++ logger per process on a shared terminal is noise; users may override.
-        TF_CPP_MIN_LOG_LEVEL=base.get("TF_CPP_MIN_LOG_LEVEL", "1"),
     )
+    if not verbose:
+        # One chatty C++ logger per process on a shared terminal is noise; users may override.
+        env.setdefault(LOG_LEVEL_VAR, QUIET_LOG_LEVEL)
     return env

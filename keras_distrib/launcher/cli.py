@@ -35,9 +35,16 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace", type=float, default=None, help="seconds between SIGTERM and SIGKILL at the end (default 3)")
     if not local:
         p.add_argument("--scheduler", default=None, help="read this scheduler's variables (default: auto-detect; env KERAS_DISTRIB_SCHEDULER)")
+    p.add_argument("--verbose", action="store_true", default=None,
+                   help="show TensorFlow's start-up logs and every allreduce worker's output")
+    p.add_argument("--heartbeat-timeout", type=float, default=None,
+                   help="seconds of silence after which a node counts as lost (default 30)")
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
+        p.add_argument("--no-isolation", dest="isolate", action="store_false", default=None,
+                       help="share this machine's network (default: a private loopback-only network; "
+                            "needed if SCRIPT downloads data)")
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="training script run by the chief (or every allreduce worker)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT")
     return p
@@ -59,7 +66,8 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout")}
+    flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 
 

@@ -3,144 +3,428 @@
 Agent 0 (on the chief's node) listens; every other agent connects once at start-up.
 Through it the agents form the job (a barrier that names missing nodes), share
 interface addresses, report a failed or finished process, and receive the order to stop.
+
+Only the job's own agents get in: on each connection agent 0 sends a fresh nonce and
+the agent answers with HMAC-SHA256(job secret, nonce + hello) (``job_secret``: a 0600
+file in the submit directory, or ``KERAS_DISTRIB_SECRET``). A stranger, a port scan,
+garbage, an oversized line or a sender too slow to authenticate is logged in one line
+and dropped; one event-loop thread serves every connection, so none of them can stall
+the job. Both ends send a heartbeat every ``heartbeat_timeout / 6`` seconds; a peer
+silent for ``heartbeat_timeout`` (a dead node keeps no socket open to close) is lost.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
+import resource
+import secrets
+import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 Message = dict[str, Any]
+
+SECRET_VAR = "KERAS_DISTRIB_SECRET"
+SECRET_DIR = ".keras_distrib"
+# Longest control line accepted; a hello is ~100 bytes, the host map ~40 bytes per node.
+MAX_MESSAGE = 4 << 20
+# A connection must authenticate within this time (a slow or stuck sender is dropped).
+HANDSHAKE_TIMEOUT = 10.0
+# How long a send to one peer may block before that peer counts as lost.
+SEND_TIMEOUT = 10.0
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+# Listen backlog: thousands of agents connect at once (the kernel caps it at somaxconn).
+BACKLOG = 65535
+# A lost peer (no heartbeat) is reported with this message.
+LOST = "lost"
 
 
 class ControlError(RuntimeError):
     """The job could not form, or an agent was lost."""
 
 
-def _send(sock: socket.socket, message: Message) -> None:
-    sock.sendall(json.dumps(message).encode() + b"\n")
+def encode(message: Message) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def _lines(sock: socket.socket) -> Any:
-    """Yield decoded messages until the peer closes the connection."""
-    with sock.makefile("rb") as stream:
-        for line in stream:
-            yield json.loads(line)
+def proof(secret: bytes, nonce: str, hello: Message) -> str:
+    """The HMAC an agent sends to prove it knows the job secret."""
+    body = json.dumps(hello, sort_keys=True, separators=(",", ":")).encode()
+    return hmac.new(secret, nonce.encode() + body, hashlib.sha256).hexdigest()
+
+
+def job_secret(scheduler: str, job_id: str, environ: dict[str, str] | os._Environ[str], directory: Path | None = None) -> tuple[bytes, Path | None]:
+    """The per-job secret and the file holding it (None when it came from the environment).
+
+    ``KERAS_DISTRIB_SECRET`` wins (a job script may export one, the scheduler passes it
+    to the job's tasks only). Otherwise the first agent to get there creates
+    ``SUBMIT_DIR/.keras_distrib/secret-SCHEDULER-JOBID`` (directory 0700, file 0600,
+    written then hard-linked so no agent reads half a secret) and the others read it:
+    the submit directory must be shared by the nodes, as the script already is.
+    """
+    if environ.get(SECRET_VAR):
+        return environ[SECRET_VAR].encode(), None
+    folder = (directory or Path.cwd()) / SECRET_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"secret-{scheduler}-{''.join(c if c.isalnum() else '_' for c in job_id)}"
+    if not path.exists():
+        tmp = folder / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another agent won the race: use its secret
+        finally:
+            tmp.unlink()
+    return path.read_bytes().strip(), path
+
+
+def raise_open_files_limit(wanted: int) -> None:
+    """Agent 0 holds one socket per agent: lift the soft limit toward the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def first_few(names: Iterable[str], limit: int = 10) -> str:
+    """'a, b, c' or 'a, b, ... and 990 more (1000 in all)': messages stay short at any size."""
+    names = list(names)
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{', '.join(names[:limit])}, ... and {len(names) - limit} more ({len(names)} in all)"
+
+
+@dataclass
+class _Connection:
+    sock: socket.socket
+    peer: str
+    nonce: str
+    deadline: float
+    buffer: bytearray = field(default_factory=bytearray)
+    agent: int | None = None
+    last_seen: float = 0.0
 
 
 class ControlServer:
-    """Agent 0's end: accepts the other agents, then relays messages both ways."""
+    """Agent 0's end: accepts and authenticates the other agents, then relays messages.
 
-    def __init__(self, port: int, expected: int, bind: str = "") -> None:
+    One background thread runs a selector over the listening socket and every
+    connection. ``log`` receives one line per refused or dropped connection.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        expected: int,
+        secret: bytes,
+        bind: str = "",
+        log: Callable[[str], None] = print,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        valid_agents: Iterable[int] | None = None,
+    ) -> None:
         self.expected = expected
-        self._peers: dict[int, socket.socket] = {}
-        self._hellos: dict[int, Message] = {}
-        self._lock = threading.Lock()
-        self._listener = socket.create_server((bind, port), reuse_port=False)
         self.port = port
+        self.secret = secret
+        self.log = log
+        self.heartbeat_timeout = heartbeat_timeout
+        self.valid_agents = set(valid_agents) if valid_agents is not None else set(range(1, expected + 1))
+        raise_open_files_limit(expected + 256)
+        self._listener = socket.create_server((bind, port), backlog=BACKLOG)
+        self._listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._peers: dict[int, _Connection] = {}
+        self._hellos: dict[int, Message] = {}
+        self._changed = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._on_message: Callable[[int, Message | None], None] | None = None
+        self._held: list[tuple[int, Message | None]] = []
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="control-server", daemon=True)
+        self._thread.start()
+
+    # -- the public side -------------------------------------------------------------
 
     def gather(self, timeout: float, names: dict[int, str]) -> dict[int, Message]:
         """Wait until every other agent said hello; name the missing ones on timeout."""
         deadline = time.monotonic() + timeout
-        while len(self._hellos) < self.expected:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = sorted(set(names) - set(self._hellos))
-                raise ControlError(
-                    f"agents on {', '.join(names[m] for m in missing)} did not connect to this node's "
-                    f"control port {self.port} within {timeout:.0f} s"
-                )
-            self._listener.settimeout(min(remaining, 1.0))
-            try:
-                sock, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            sock.settimeout(10)
-            try:
-                hello = json.loads(sock.makefile("rb").readline())
-            except (OSError, ValueError):
-                sock.close()
-                continue
-            sock.settimeout(None)
-            self._peers[hello["agent"]] = sock
-            self._hellos[hello["agent"]] = hello
-        return dict(self._hellos)
+        with self._changed:
+            while len(self._hellos) < self.expected:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(set(names) - set(self._hellos))
+                    raise ControlError(
+                        f"agents on {first_few(names[m] for m in missing)} did not connect to this node's "
+                        f"control port {self.port} within {timeout:.0f} s"
+                    )
+                self._changed.wait(min(remaining, 1.0))
+            return dict(self._hellos)
 
     def listen(self, on_message: Callable[[int, Message | None], None]) -> None:
-        """Deliver each peer's messages (None when it disconnects) from background threads."""
-        for agent, sock in self._peers.items():
-            def read(agent: int = agent, sock: socket.socket = sock) -> None:
-                try:
-                    for message in _lines(sock):
-                        on_message(agent, message)
-                except (OSError, ValueError):
-                    pass
-                on_message(agent, None)
-
-            threading.Thread(target=read, name=f"control-{agent}", daemon=True).start()
+        """Deliver each agent's messages (None when it disconnects, ``{LOST: s}`` when silent)."""
+        with self._changed:
+            self._on_message = on_message
+            held, self._held = self._held, []
+        for agent, message in held:
+            on_message(agent, message)
 
     def broadcast(self, message: Message) -> None:
-        with self._lock:
-            for sock in self._peers.values():
-                try:
-                    _send(sock, message)
-                except OSError:
-                    pass
+        """Send ``message`` to every connected agent (encoded once)."""
+        data = encode(message)
+        for agent, conn in list(self._peers.items()):
+            self._send(agent, conn, data)
 
     def close(self) -> None:
-        for sock in self._peers.values():
+        self._closed.set()
+        self._thread.join(timeout=5)
+        for conn in list(self._peers.values()):
             try:
-                sock.shutdown(socket.SHUT_RDWR)
+                conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            sock.close()
+            conn.sock.close()
         self._listener.close()
+        self._selector.close()
+
+    # -- the event loop ----------------------------------------------------------------
+
+    def _serve(self) -> None:
+        beat = encode({"beat": 1})
+        interval = self.heartbeat_timeout / 6
+        next_beat = time.monotonic() + interval
+        next_expiry = time.monotonic() + 0.5
+        while not self._closed.is_set():
+            for key, _ in self._selector.select(timeout=min(interval, 0.5)):
+                if key.fileobj is self._listener:
+                    self._accept()
+                else:
+                    self._read(key.data)
+            now = time.monotonic()
+            if now >= next_expiry:  # a scan of every connection: not on every event
+                next_expiry = now + 0.5
+                self._expire(now)
+            if now >= next_beat:
+                next_beat = now + interval
+                for agent, conn in list(self._peers.items()):
+                    self._send(agent, conn, beat)
+
+    def _accept(self) -> None:
+        for _ in range(1024):  # drain the backlog in bursts, then serve the others
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: refuse, do not die
+                self.log(f"control port {self.port}: cannot accept a connection ({exc.strerror})")
+                return
+            sock.settimeout(SEND_TIMEOUT)
+            conn = _Connection(sock, f"{address[0]}:{address[1]}", secrets.token_hex(16), time.monotonic() + HANDSHAKE_TIMEOUT)
+            try:
+                sock.sendall(encode({"nonce": conn.nonce}))
+            except OSError:
+                sock.close()
+                continue
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Connection) -> None:
+        try:
+            chunk = conn.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(conn, "closed the connection before authenticating" if conn.agent is None else None)
+            return
+        conn.last_seen = time.monotonic()
+        conn.buffer += chunk
+        while (end := conn.buffer.find(b"\n")) >= 0:
+            line = bytes(conn.buffer[:end])
+            del conn.buffer[: end + 1]
+            if not self._handle_line(conn, line):
+                return
+        if len(conn.buffer) > MAX_MESSAGE:
+            self._drop(conn, f"sent a line over {MAX_MESSAGE} bytes")
+
+    def _handle_line(self, conn: _Connection, line: bytes) -> bool:
+        """Process one complete line; False once the connection was dropped."""
+        if len(line) > MAX_MESSAGE:
+            self._drop(conn, f"sent a line over {MAX_MESSAGE} bytes")
+            return False
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            self._drop(conn, "sent something that is not a control message")
+            return False
+        if conn.agent is None:
+            return self._authenticate(conn, message)
+        if "beat" not in message:
+            self._deliver(conn.agent, message)
+        return True
+
+    def _authenticate(self, conn: _Connection, hello: Message) -> bool:
+        claimed = hello.pop("auth", None)
+        agent = hello.get("agent")
+        if not isinstance(claimed, str) or not hmac.compare_digest(claimed, proof(self.secret, conn.nonce, hello)):
+            self._refuse(conn, "failed authentication (wrong or missing job secret)")
+            return False
+        if not isinstance(agent, int) or agent not in self.valid_agents:
+            self._refuse(conn, f"claims agent id {agent!r}, which this job does not have")
+            return False
+        if agent in self._peers:
+            self._refuse(conn, f"claims agent id {agent}, which is already connected")
+            return False
+        conn.agent = agent
+        self._peers[agent] = conn
+        with self._changed:
+            self._hellos[agent] = hello
+            self._changed.notify_all()
+        return True
+
+    def _refuse(self, conn: _Connection, reason: str) -> None:
+        try:
+            conn.sock.sendall(encode({"refused": reason}))
+        except OSError:
+            pass
+        self._drop(conn, reason)
+
+    def _expire(self, now: float) -> None:
+        for key in list(self._selector.get_map().values()):
+            conn = key.data
+            if conn is None:
+                continue
+            if conn.agent is None and now > conn.deadline:
+                self._drop(conn, f"did not authenticate within {HANDSHAKE_TIMEOUT:.0f} s")
+            elif conn.agent is not None and now - conn.last_seen > self.heartbeat_timeout:
+                self._lose(conn, now - conn.last_seen)
+
+    def _lose(self, conn: _Connection, silent_for: float) -> None:
+        agent = conn.agent
+        self._unregister(conn)
+        if agent is not None and self._peers.get(agent) is conn:
+            del self._peers[agent]
+            self._deliver(agent, {LOST: round(silent_for, 1)})
+
+    def _drop(self, conn: _Connection, reason: str | None) -> None:
+        """Close ``conn``; a stranger gets one log line, a known agent a None message."""
+        agent = conn.agent
+        self._unregister(conn)
+        if agent is None:
+            self.log(f"control port {self.port}: connection from {conn.peer} {reason}; closed it")
+        elif self._peers.get(agent) is conn:
+            del self._peers[agent]
+            if reason:
+                self.log(f"control port {self.port}: agent {agent} ({conn.peer}) {reason}; closed it")
+            self._deliver(agent, None)
+
+    def _unregister(self, conn: _Connection) -> None:
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def _send(self, agent: int, conn: _Connection, data: bytes) -> None:
+        try:
+            with self._send_lock:
+                conn.sock.sendall(data)
+        except OSError:
+            # A peer that cannot take a few bytes within SEND_TIMEOUT is as good as gone;
+            # the event loop reports it when it reads the closed socket.
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _deliver(self, agent: int, message: Message | None) -> None:
+        with self._changed:
+            callback = self._on_message
+            if callback is None:
+                self._held.append((agent, message))
+                return
+        callback(agent, message)
 
 
 class ControlClient:
-    """Every other agent's end."""
+    """Every other agent's end: connects, proves the secret, keeps the heartbeat going."""
 
-    def __init__(self, host: str, port: int, hello: Message, timeout: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        hello: Message,
+        timeout: float,
+        secret: bytes,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+    ) -> None:
         deadline = time.monotonic() + timeout
-        last_error: OSError | None = None
         while True:
             try:
-                self._sock = socket.create_connection((host, port), timeout=5)
+                self._sock = socket.create_connection((host, port), timeout=min(5.0, timeout))
+                self._stream = self._sock.makefile("rb")
+                greeting = json.loads(self._stream.readline(MAX_MESSAGE) or b"null")
+                if not isinstance(greeting, dict) or not isinstance(greeting.get("nonce"), str):
+                    raise ControlError(f"{host}:{port} is not a keras_distrib agent (another program holds the port?)")
                 break
-            except OSError as exc:  # agent 0 may not listen yet: retry until the deadline
-                last_error = exc
+            except (OSError, ValueError) as exc:  # agent 0 may not listen yet: retry until the deadline
                 if time.monotonic() > deadline:
                     raise ControlError(
-                        f"cannot reach the first node's agent at {host}:{port} within {timeout:.0f} s ({last_error})"
+                        f"cannot reach the first node's agent at {host}:{port} within {timeout:.0f} s ({exc})"
                     ) from None
                 time.sleep(0.2)
-        self._sock.settimeout(None)
+        self._sock.settimeout(heartbeat_timeout)
         self._lock = threading.Lock()
-        _send(self._sock, hello)
-        self._messages = _lines(self._sock)
+        self.heartbeat_timeout = heartbeat_timeout
+        self.send({**hello, "auth": proof(secret, greeting["nonce"], hello)})
+        self._closed = threading.Event()
+        threading.Thread(target=self._beat, name="control-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._closed.wait(self.heartbeat_timeout / 6):
+            self.send({"beat": 1})
 
     def receive(self) -> Message | None:
-        """The next message from agent 0, or None once it is gone."""
-        try:
-            return next(self._messages)
-        except (StopIteration, OSError, ValueError):
-            return None
+        """The next message from agent 0; None once it is gone or silent past the timeout.
+
+        Raises ControlError when agent 0 refused this agent (wrong secret).
+        """
+        while True:
+            try:
+                line = self._stream.readline(MAX_MESSAGE)
+                message = json.loads(line) if line else None
+            except (OSError, ValueError):
+                return None
+            if message is None:
+                return None
+            if "refused" in message:
+                raise ControlError(f"the first node's agent refused this agent: {message['refused']}")
+            if "beat" not in message:
+                return message
 
     def send(self, message: Message) -> None:
         with self._lock:
             try:
-                _send(self._sock, message)
+                self._sock.sendall(encode(message))
             except OSError:
                 pass
 
     def close(self) -> None:
+        self._closed.set()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
-

@@ -27,6 +27,9 @@ class Options:
     startup_timeout: float = 180.0
     shutdown_grace: float = 3.0
     scheduler: str | None = None
+    verbose: bool = False
+    heartbeat_timeout: float = 30.0
+    isolate: bool = True
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -133,7 +136,7 @@ def validate(options: Options) -> Options:
     check_types(options)
     if options.layout not in LAYOUTS:
         raise ClusterConfigError(f"layout={options.layout!r} is unknown.", f"use one of: {', '.join(LAYOUTS)}.")
-    for name in ("startup_timeout", "shutdown_grace"):
+    for name in ("startup_timeout", "shutdown_grace", "heartbeat_timeout"):
         value = getattr(options, name)
         if not isinstance(value, (int, float)) or value <= 0:
             raise ClusterConfigError(f"{name.replace('_', '-')}={value!r} must be a positive number of seconds.", "e.g. 120.")
@@ -143,4 +146,8 @@ def validate(options: Options) -> Options:
         known = [cls.name for cls in all_parsers()]
         if options.scheduler not in known:
             raise ClusterConfigError(f"scheduler={options.scheduler!r} is not a known scheduler.", f"use one of: {', '.join(known)}.")
+    if not isinstance(options.isolate, bool):
+        raise ClusterConfigError(f"isolate={options.isolate!r} is not true or false.", "e.g. 'isolate: false' or --no-isolation.")
+    if not isinstance(options.verbose, bool):
+        raise ClusterConfigError(f"verbose={options.verbose!r} is not true or false.", "e.g. 'verbose: true' or --verbose.")
     return options

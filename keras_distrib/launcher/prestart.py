@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -43,3 +45,29 @@ def require_protocol(protocol: str) -> None:
         "stock TensorFlow only has grpc; for RDMA use --layout allreduce, whose NCCL collectives use "
         "InfiniBand/RoCE when present (tune with NCCL_IB_HCA, NCCL_SOCKET_IFNAME).",
     )
+
+
+def taken_port(port: int) -> bool:
+    """True when another socket already listens on ``port`` (TIME_WAIT leftovers do not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def require_free_ports(ports: dict[int, str], node: str) -> None:
+    """Fail before anything starts when a port of the plan is taken on this node.
+
+    TensorFlow would otherwise end in "UnknownError: Could not start gRPC server" with
+    the reason in a separate log line.
+    """
+    taken = {port: who for port, who in ports.items() if taken_port(port)}
+    if taken:
+        listing = ", ".join(f"{port} ({who})" for port, who in sorted(taken.items()))
+        raise ClusterConfigError(
+            f"port(s) {listing} already in use on {node}.",
+            f"pass another --port-base (e.g. --port-base {min(ports) + 1000}) or end what listens there (ss -ltnp).",
+        )

@@ -83,12 +83,12 @@ def wait_for(predicate, timeout: float, poll: float = 0.1) -> bool:
     return predicate()
 
 
-def listening_ports() -> set[int]:
-    """TCP ports listening on this machine (from /proc/net/tcp{,6})."""
+def listening_ports(pid: int | str = "self") -> set[int]:
+    """TCP ports listening in the network namespace of process ``pid`` (a local job has its own)."""
     ports = set()
     for name in ("tcp", "tcp6"):
         try:
-            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
+            lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:

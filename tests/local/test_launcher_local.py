@@ -104,7 +104,7 @@ def test_signals_are_forwarded_and_end_the_job(workdir: Path) -> None:
     try:
         assert wait_for(Path(f"{notes}.ready").exists, 90), "the chief never installed its handlers"
         # The servers ignore SIGUSR1 once their main() runs: wait until they listen.
-        assert wait_for(lambda: plan_ports(workdir, 1, 24300) - {24300} <= listening_ports(), 90)
+        assert wait_for(lambda: plan_ports(workdir, 1, 24300) - {24300} <= listening_ports(proc.pid), 90)
         proc.send_signal(signal.SIGUSR1)
         assert wait_for(lambda: notes.exists() and "SIGUSR1" in notes.read_text(), 20)
         servers = alive(processes_with_env("KERAS_DISTRIB_TASK", "ps:0", proc.pid))

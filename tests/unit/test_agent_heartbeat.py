@@ -1,0 +1,65 @@
+"""Agent 0 names a node whose agent went silent (no heartbeat), with the real agent code."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster_parsers import JobInfo
+from keras_distrib.launcher.agent import Agent, AgentSpec
+from keras_distrib.launcher.options import Options
+from keras_distrib.plan import build_plan
+
+pytestmark = pytest.mark.unit
+
+
+def free_port_block() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1] - 10
+
+
+def make_agent(agent_id: int, job: JobInfo, port_base: int, options: Options) -> Agent:
+    spec = AgentSpec(agent_id, job.num_nodes, job.nodes[agent_id], dict(enumerate(job.nodes)))
+    here = JobInfo(job.scheduler, job.job_id, job.nodes, job.tasks_per_node, node_index=agent_id)
+    agent = Agent(spec, here, build_plan(here, "allreduce", port_base), options, "agent", ["train.py"], False)
+    agent.spawner = lambda *args, **kwargs: None
+    return agent
+
+
+def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # the job secret file goes here
+    job = JobInfo("slurm", "99", ("localhost", "n2", "n3"), (1, 1, 1))
+    options = Options(startup_timeout=20.0, heartbeat_timeout=1.5)
+    port_base = free_port_block()
+    agents = [make_agent(i, job, port_base, options) for i in range(3)]
+    threads = [threading.Thread(target=a.form_job) for a in agents[1:]]
+    for t in threads:
+        t.start()
+    agents[0].form_job()
+    for t in threads:
+        t.join(timeout=20)
+    try:
+        assert all(a.client is not None for a in agents[1:])
+        agents[2].client._closed.set()  # n3 goes silent: no heartbeat, its socket stays open
+        started = time.monotonic()
+        event: Any = agents[0].events.get(timeout=15)
+        code = agents[0].handle(event)
+        took = time.monotonic() - started
+        assert code == 1 and took < 10
+        err = capsys.readouterr().err
+        assert "lost the node n3: its agent sent no heartbeat for" in err and "stopping the job" in err
+        # n2 is told to stop; it was never reported lost
+        assert agents[1].events.get(timeout=5) == ("peer", 0, {"stop": 1})
+    finally:
+        for a in agents:
+            for end in (a.server, a.client):
+                if end is not None:
+                    end.close()
+    assert not (tmp_path / ".keras_distrib" / "secret-slurm-99").read_text() == ""

@@ -1,0 +1,212 @@
+"""The control channel: formation, the job secret, a fuzzing client, heartbeats."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from keras_distrib.launcher import control
+
+pytestmark = pytest.mark.unit
+SECRET = b"s3cret"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Job:
+    """A control server plus ``agents`` real clients, formed; messages land in ``inbox``."""
+
+    def __init__(self, agents: int, heartbeat_timeout: float = 30.0) -> None:
+        self.port = free_port()
+        self.logs: list[str] = []
+        self.server = control.ControlServer(self.port, agents, SECRET, bind="127.0.0.1", log=self.logs.append,
+                                            heartbeat_timeout=heartbeat_timeout)
+        self.clients: dict[int, control.ControlClient] = {}
+
+        def join(agent: int) -> None:
+            self.clients[agent] = control.ControlClient("127.0.0.1", self.port, {"agent": agent, "node": f"n{agent}"},
+                                                        10, SECRET, heartbeat_timeout)
+
+        threads = [threading.Thread(target=join, args=(a,)) for a in range(1, agents + 1)]
+        for t in threads:
+            t.start()
+        self.hellos = self.server.gather(10, {a: f"n{a}" for a in range(1, agents + 1)})
+        for t in threads:
+            t.join()
+        self.inbox: queue.SimpleQueue[tuple[int, object]] = queue.SimpleQueue()
+        self.server.listen(lambda agent, message: self.inbox.put((agent, message)))
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.server.close()
+
+
+def test_agents_form_and_messages_flow_both_ways() -> None:
+    job = Job(3)
+    try:
+        assert sorted(job.hellos) == [1, 2, 3] and job.hellos[2]["node"] == "n2"
+        job.server.broadcast({"start": {"hosts": {"n1": "10.0.0.1"}}})
+        assert all(c.receive() == {"start": {"hosts": {"n1": "10.0.0.1"}}} for c in job.clients.values())
+        job.clients[2].send({"done": 2, "code": 0})
+        assert job.inbox.get(timeout=5) == (2, {"done": 2, "code": 0})
+    finally:
+        job.close()
+
+
+def test_missing_agents_are_named_first_few_with_the_count() -> None:
+    port = free_port()
+    server = control.ControlServer(port, 500, SECRET, bind="127.0.0.1", log=lambda _l: None)
+    try:
+        with pytest.raises(control.ControlError) as err:
+            server.gather(0.5, {a: f"node{a:04d}" for a in range(1, 501)})
+    finally:
+        server.close()
+    text = str(err.value)
+    assert "node0001, node0002" in text and "and 490 more (500 in all)" in text and "node0500" not in text
+
+
+def test_wrong_secret_is_refused_with_a_reason() -> None:
+    port = free_port()
+    logs: list[str] = []
+    server = control.ControlServer(port, 1, SECRET, bind="127.0.0.1", log=logs.append)
+    try:
+        client = control.ControlClient("127.0.0.1", port, {"agent": 1, "node": "n1"}, 5, b"guess")
+        with pytest.raises(control.ControlError, match="refused this agent: failed authentication"):
+            client.receive()
+        with pytest.raises(control.ControlError):
+            server.gather(0.3, {1: "n1"})
+    finally:
+        server.close()
+    assert len(logs) == 1 and "failed authentication" in logs[0]
+
+
+def _stranger(port: int, payload: bytes | None, hold: float = 0.0) -> None:
+    """Connect, read the greeting, send ``payload`` (None: send nothing), wait, close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        if payload:
+            try:
+                sock.sendall(payload)
+            except OSError:
+                pass  # the server may close an oversized sender before it finishes
+        time.sleep(hold)
+
+
+def test_fuzzing_client_neither_stops_nor_stalls_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(control, "HANDSHAKE_TIMEOUT", 1.0)
+    rng = random.Random(11)
+    job = Job(2)
+    try:
+        port = job.port
+        forged = {"agent": 1, "node": "n1", "auth": "0" * 64}
+        attacks: list[tuple[bytes | None, float]] = [
+            (None, 0.0),                                            # a port scan: connect, close
+            (b"GET / HTTP/1.0\r\n\r\n", 0.2),                        # another protocol
+            (bytes(rng.randrange(256) for _ in range(3000)) + b"\n", 0.2),  # random bytes
+            (b"[1, 2, 3]\n", 0.2),                                   # JSON, not a message
+            (json.dumps(forged).encode() + b"\n", 0.2),             # a forged agent
+            (b"{" + b'"x": "' + b"a" * (control.MAX_MESSAGE + 10), 0.5),  # oversized, no newline
+            (None, 2.5),                                            # a slow sender: says nothing
+            (b'{"agent": 1', 2.5),                                  # half a hello, then silence
+        ]
+        threads = [threading.Thread(target=_stranger, args=(port, p, h)) for p, h in attacks]
+        for t in threads:
+            t.start()
+        # The job goes on meanwhile: messages both ways, promptly.
+        for round_ in range(5):
+            job.clients[1].send({"progress": round_})
+            assert job.inbox.get(timeout=5) == (1, {"progress": round_})
+            job.server.broadcast({"tick": round_})
+            assert job.clients[2].receive() == {"tick": round_}
+        for t in threads:
+            t.join(timeout=30)
+        deadline = time.monotonic() + 10
+        while len(job.logs) < len(attacks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # One line per stranger, nothing about the real agents.
+        assert len(job.logs) == len(attacks), job.logs
+        assert all("connection from 127.0.0.1:" in line for line in job.logs), job.logs
+        reasons = " | ".join(job.logs)
+        for reason in ("closed the connection before authenticating", "not a control message",
+                       "failed authentication", f"over {control.MAX_MESSAGE} bytes", "did not authenticate within 1 s"):
+            assert reason in reasons
+        job.clients[2].send({"done": 2, "code": 0})
+        assert job.inbox.get(timeout=5) == (2, {"done": 2, "code": 0})
+        assert job.inbox.empty()
+    finally:
+        job.close()
+
+
+def test_a_silent_agent_is_lost_within_the_heartbeat_timeout() -> None:
+    """A dead node closes nothing: its agent just goes silent (here: it stops beating)."""
+    job = Job(2, heartbeat_timeout=1.2)
+    try:
+        frozen = job.clients[2]
+        frozen._closed.set()  # no more heartbeats, socket left open, as a powered-off node
+        started = time.monotonic()
+        agent, message = job.inbox.get(timeout=10)
+        assert agent == 2 and control.LOST in message
+        assert time.monotonic() - started < 6
+        # the live agent is not lost meanwhile
+        time.sleep(1.5)
+        assert job.inbox.empty()
+    finally:
+        job.close()
+
+
+def test_a_client_notices_a_silent_first_node() -> None:
+    """Agent 0's node dies: its socket stays open but no heartbeat comes."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        accepted: list[socket.socket] = []
+
+        def serve() -> None:
+            sock, _ = listener.accept()
+            sock.sendall(control.encode({"nonce": "n"}))
+            accepted.append(sock)
+
+        threading.Thread(target=serve).start()
+        client = control.ControlClient("127.0.0.1", port, {"agent": 1}, 5, SECRET, heartbeat_timeout=1.0)
+        started = time.monotonic()
+        assert client.receive() is None
+        assert 0.5 < time.monotonic() - started < 6
+        client.close()
+        for sock in accepted:
+            sock.close()
+
+
+def test_job_secret_file_is_private_and_shared_by_racing_agents(tmp_path: Path) -> None:
+    results: list[tuple[bytes, Path | None]] = []
+    threads = [threading.Thread(target=lambda: results.append(control.job_secret("slurm", "42", {}, tmp_path)))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    secrets_seen = {r[0] for r in results}
+    assert len(secrets_seen) == 1 and len(next(iter(secrets_seen))) == 64
+    path = results[0][1]
+    assert path is not None and path.parent.name == control.SECRET_DIR
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert sorted(os.listdir(path.parent)) == [path.name]  # no temporary file left behind
+    assert control.job_secret("slurm", "43", {}, tmp_path)[0] != secrets_seen.pop()
+    assert control.job_secret("slurm", "42", {control.SECRET_VAR: "given"}, tmp_path) == (b"given", None)
+
+
+@pytest.mark.parametrize("count, expected", [(1, "a0"), (3, "a0, a1, a2"), (12, "a0, a1, a2, ... and 9 more (12 in all)")])
+def test_first_few(count: int, expected: str) -> None:
+    assert control.first_few((f"a{i}" for i in range(count)), limit=3) == expected
