@@ -186,7 +186,8 @@ def derive_port_base(job_id: str, override: int | None = None) -> int:
                 f"pass --port-base (or KERAS_DISTRIB_PORT_BASE) between {MIN_PORT} and {MAX_PORT}.",
             )
         return override
-    number = int(job_id) if job_id.isdigit() else zlib.crc32(job_id.encode())
+    # isascii: str.isdigit() accepts '²', which int() refuses.
+    number = int(job_id) if job_id.isascii() and job_id.isdigit() else zlib.crc32(job_id.encode())
     return PORT_RANGE_START + (number % PORT_BLOCKS) * PORT_BLOCK
 
 

@@ -203,3 +203,9 @@ def test_plan_json_round_trip() -> None:
     plan = build_plan(job(3, ("2", "3")), "worker-per-gpu", port_base=23000)
     again = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again == plan
+
+
+@pytest.mark.parametrize("job_id", ["\u00b2", "12\u00b3", "\u0663\u0664"])  # superscripts, Arabic-Indic digits
+def test_port_base_of_a_job_id_with_unicode_digits(job_id: str) -> None:
+    base = derive_port_base(job_id)
+    assert base == derive_port_base(job_id)  # stable, no ValueError
