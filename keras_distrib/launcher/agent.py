@@ -40,7 +40,7 @@ from .prestart import require_protocol
 from .restarts import restart_targets, restart_line
 from . import requeue as requeue_job
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # How long an agent with no script waits for agent 0's stop order after SIGTERM/SIGINT.
 ORPHAN_STOP_WAIT = 30.0
 
@@ -251,7 +251,8 @@ class Agent:
             if self.client is not None:
                 self.client.send({"failed": f"{child.label} ended after the signal", "code": shell_exit_code(code)})
             return self.stop(shell_exit_code(-self.interrupted))
-        if self.may_restart() and (not child.runs_script or code < 0):
+        # A script that died of the SIGUSR1 it was sent (no checkpoint_dir, no handler) stopped on request.
+        if self.may_restart() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1)):
             return self.on_death(child, code)
         if child.runs_script and (code in (0, PREEMPTED_EXIT_CODE) or self.plan.layout != "allreduce" or self.interrupted):
             if code != 0 or self.interrupted:
@@ -308,6 +309,8 @@ class Agent:
 
     def on_signal(self, signum: int) -> int | None:
         """Forward to the children; SIGINT/SIGTERM also end the job once the script ends."""
+        if signum == signal.SIGUSR2:  # SGE's -notify warning before a kill: a time-limit warning
+            signum = signal.SIGUSR1
         for child in self.children:
             child.signal(signum)
         if signum == signal.SIGUSR1:

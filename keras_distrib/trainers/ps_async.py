@@ -208,7 +208,7 @@ class ParameterServerTrainer:
                 loss, n, state = strategy.run(replica_step, args=(next(iterator), totals["state"]))
                 totals = step_totals(totals, loss, n, state)
             # After the last update (its iterations increment is ordered on that variable).
-            with tf.control_dependencies([opt.iterations.read_value()]):
+            with tf.control_dependencies([tf.identity(opt.iterations.value)]):
                 step.assign_add(tf.constant(num_steps, tf.int64))
             return pack_totals(totals)
 

@@ -1,6 +1,6 @@
 """Training script for the resilience tests: an MLP on synthetic data, checkpointed.
 
-argv: CHECKPOINT_DIR EPOCHS STEPS_PER_EPOCH. Prints one JSON line at the end with the exact
+argv: CHECKPOINT_DIR EPOCHS STEPS_PER_EPOCH. Every process running it prints one JSON line at the end with the exact
 step counter, epochs trained in this run and a digest of the weights. The test kills
 processes while it trains; the checkpoint interval comes from the launcher.
 """
@@ -29,6 +29,5 @@ history = keras_distrib.fit(model, (x, y), epochs=epochs, steps_per_epoch=steps,
                             checkpoint_dir=directory)
 step = int(model._keras_distrib_trainer.global_step.numpy())
 digest = hashlib.sha1(b"".join(np.asarray(w).tobytes() for w in model.get_weights())).hexdigest()
-if keras_distrib.cluster().is_chief:
-    print(json.dumps({"step": step, "epochs_run": len(history.history.get("loss", [])),
-                      "accuracy": history.history.get("accuracy", [None])[-1], "weights": digest}), flush=True)
+print(json.dumps({"step": step, "epochs_run": len(history.history.get("loss", [])),
+                  "accuracy": history.history.get("accuracy", [None])[-1], "weights": digest}), flush=True)
