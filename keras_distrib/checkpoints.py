@@ -273,6 +273,7 @@ class Checkpointer:
         self.show = writer if show is None else show
         self.steps_per_epoch: int | None = None
         self.schedule: Schedule | None = None
+        self._write_fn: Callable[[Any], Any] | None = None
 
     def restore(self) -> int | None:
         """Restore the newest complete checkpoint; its step, or None when there is none."""
@@ -300,8 +301,12 @@ class Checkpointer:
     def _write(self, prefix: str) -> None:
         import tensorflow as tf
 
-        # A tensor prefix: a Python string would retrace TF's save function at every write.
-        self.tf_checkpoint.write(tf.constant(prefix))
+        # Inside one tf.function traced once (the prefix is a tensor): called eagerly with
+        # variables on several tasks (the ps), TF defines and traces a new save function
+        # at every write, which costs about a second each time.
+        if self._write_fn is None:
+            self._write_fn = tf.function(lambda path: self.tf_checkpoint.write(path))
+        self._write_fn(tf.constant(prefix))
 
     def wants_save(self, step: int) -> bool:
         """At a step boundary: is a periodic checkpoint due, or did a preemption signal come?"""
