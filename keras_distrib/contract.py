@@ -148,3 +148,7 @@ def protocol(env: Mapping[str, str]) -> str:
 
 def startup_timeout(env: Mapping[str, str]) -> float:
     return float(env.get(STARTUP_TIMEOUT_VAR, "180"))
+# Resilience: the script's exit code after a checkpoint taken on SIGUSR1/SIGTERM (EX_TEMPFAIL:
+# "try again later"), which the agent turns into a requeue; and the checkpoint interval.
+PREEMPTED_EXIT_CODE = 75
+CHECKPOINT_EVERY_VAR = "KERAS_DISTRIB_CHECKPOINT_EVERY"

@@ -7,14 +7,26 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 from . import contract
+
+#: After SIGTERM (preemption, scancel) a server keeps serving this long, so the chief can
+#: write its checkpoint first (variables live on the ps); its agent kills it when done.
+TERM_GRACE = 60.0
+
+
+def _exit_later(signum: int, _frame: object) -> None:
+    timer = threading.Timer(TERM_GRACE, os._exit, args=(128 + signum,))
+    timer.daemon = True
+    timer.start()
 
 
 def main() -> None:
     # The agent forwards SIGUSR1 to every child so scripts can checkpoint on it; a server
     # must survive it (its default action would kill the process).
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_later)
     job, index = contract.read_task(os.environ)
     cluster = contract.read_tf_cluster(os.environ)
     protocol = contract.protocol(os.environ)

@@ -8,7 +8,9 @@ channel (keras_distrib.launcher.control). The rules:
   once; an agent or TF server still missing after --startup-timeout is named in one line;
 * normal end: when the script ends (the chief, or all allreduce workers), every process on
   every node is stopped and agent 0 exits with the script's exit code;
-* failure: any process dying unexpectedly stops the whole job with one line naming it;
+* failure: any process dying unexpectedly stops the whole job with one line naming it,
+  unless restarts are allowed (--max-restarts, see restarts.py): agent 0 then orders the
+  restart of the dead process (and of those that depend on it) on every node;
 * signals: SIGINT/SIGTERM/SIGUSR1 are forwarded to the children.
 """
 
@@ -32,14 +34,17 @@ from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
 from . import control
 from .children import Child, OutputFilter, child_env, describe_exit, shell_exit_code, spawn
 from .. import contract
+from ..contract import CHECKPOINT_EVERY_VAR, PREEMPTED_EXIT_CODE
 from ..network import wait_reachable
 from ..plan import CHIEF, JAX_LAYOUTS, Plan, Process, build_plan, jax_env, process_for_task
 from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
 from .options import Options
 from .prestart import require_free_ports, require_protocol
+from .restarts import restart_targets, restart_line
+from . import requeue as requeue_job
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # How long an agent with no script waits for agent 0's stop order after SIGTERM/SIGINT.
 ORPHAN_STOP_WAIT = 30.0
 
@@ -101,6 +106,9 @@ class Agent:
     # simulates thousands of agents in one process, passes a fake and a shared encoding.
     spawner: Callable[..., Child] = spawn
     cluster_json: str | None = None
+    # Restarts: how each child was started (argv, env), by process name; deaths so far.
+    started_as: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
+    restarts: int = 0
 
     # -- start-up ---------------------------------------------------------------
 
@@ -142,9 +150,12 @@ class Agent:
             )
             env = child_env(os.environ, variables, proc, self.options.verbose)
             env.update(jax_env(self.plan, proc))
+            if self.options.checkpoint_every is not None:
+                env[CHECKPOINT_EVERY_VAR] = str(self.options.checkpoint_every)
             if self.options.interface and self.plan.layout == "allreduce":
                 # NCCL's bootstrap and socket transport use the same network (unless set).
                 env.setdefault("NCCL_SOCKET_IFNAME", self.options.interface)
+            self.started_as[proc.name] = (self.argv_for(proc), env)
             self.children.append(
                 self.spawner(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit,
                              output=self.output_filter(proc))
@@ -289,7 +300,7 @@ class Agent:
         return None
 
     def on_child_exit(self, child: Child, code: int) -> int | None:
-        if self.stopping:
+        if self.stopping or child not in self.children:  # not in: replaced by a restart
             return None
         if self.interrupted and not child.runs_script:
             # The SIGINT/SIGTERM this agent got (Slurm also signals every process of the
@@ -299,7 +310,10 @@ class Agent:
             if self.client is not None:
                 self.client.send({"failed": f"{child.label} ended after the signal", "code": shell_exit_code(code)})
             return self.stop(shell_exit_code(-self.interrupted))
-        if child.runs_script and (code == 0 or not self.plan.every_process_runs_script or self.interrupted):
+        # A script that died of the SIGUSR1 it was sent (no checkpoint_dir, no handler) stopped on request.
+        if self.may_restart() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1)):
+            return self.on_death(child, code)
+        if child.runs_script and (code in (0, PREEMPTED_EXIT_CODE) or not self.plan.every_process_runs_script or self.interrupted):
             if code != 0 or self.interrupted:
                 say(self.spec.node, f"{child.label} finished with {describe_exit(code)}")
             if any(c.runs_script and c.popen.poll() is None for c in self.children):
@@ -314,6 +328,8 @@ class Agent:
             self.client.send({"done": self.spec.agent_id, "code": code})
             return None
         self.done_agents.add(0)
+        if code == PREEMPTED_EXIT_CODE:
+            return self.after_preemption()
         if code != 0 or not self.plan.every_process_runs_script or len(self.done_agents) == self.spec.num_agents:
             return self.stop(code)
         return None
@@ -329,6 +345,8 @@ class Agent:
                 return self.stop(1)
             if "stop" in message:
                 return self.stop(0)
+            if "restart" in message:
+                self.restart_local(message["restart"])
             return None
         if message is None:
             if self.interrupted:  # that agent ended on the same signal; the script decides
@@ -339,7 +357,11 @@ class Agent:
                              f"{message[control.LOST]:.0f} s (node down or network cut)", 1)
         if "failed" in message:
             return self.stop(int(message.get("code") or 1))
+        if "died" in message:
+            return self.decide_restart(message["died"], message["label"], int(message["code"]))
         if "done" in message:
+            if message.get("code") == PREEMPTED_EXIT_CODE:
+                return self.after_preemption()
             if message.get("code"):
                 return self.stop(int(message["code"]))
             self.done_agents.add(agent)
@@ -349,6 +371,8 @@ class Agent:
 
     def on_signal(self, signum: int) -> int | None:
         """Forward to the children; SIGINT/SIGTERM also end the job once the script ends."""
+        if signum == signal.SIGUSR2:  # SGE's -notify warning before a kill: a time-limit warning
+            signum = signal.SIGUSR1
         for child in self.children:
             child.signal(signum)
         if signum == signal.SIGUSR1:
@@ -360,6 +384,55 @@ class Agent:
                 return self.stop(shell_exit_code(-signum))
             threading.Timer(ORPHAN_STOP_WAIT, lambda: self.events.put(("stop-deadline",))).start()
         return None
+
+    # -- restarts (README "Resilience") -----------------------------------------------
+
+    def may_restart(self) -> bool:
+        return self.options.max_restarts > 0 and not self.check and not self.interrupted
+
+    def on_death(self, child: Child, code: int) -> int | None:
+        """A process died (a server's any exit, a script's signal): agent 0 decides."""
+        if self.spec.agent_id != 0:
+            assert self.client is not None
+            self.client.send({"died": child.proc.name, "label": child.label, "code": code})
+            return None
+        return self.decide_restart(child.proc.name, child.label, code)
+
+    def decide_restart(self, dead: str, label: str, code: int) -> int | None:
+        """Agent 0: restart what ``dead`` takes down, on every node, or fail when the budget is spent."""
+        budget = self.options.max_restarts
+        if self.restarts >= budget:
+            return self.fail(
+                f"{label} exited unexpectedly with {describe_exit(code)}; the restart budget is spent "
+                f"({self.restarts}/{budget}). HINT: look for the cause in its output above; raise --max-restarts if deaths are expected",
+                shell_exit_code(code) or 1,
+            )
+        self.restarts += 1
+        targets = restart_targets(self.plan, dead)
+        say(self.spec.node, restart_line(label, describe_exit(code), targets, dead, self.restarts, budget))
+        self.done_agents.clear()
+        if self.server is not None:
+            self.server.broadcast({"restart": targets})
+        self.restart_local(targets)
+        return None
+
+    def restart_local(self, targets: list[str]) -> None:
+        """Kill this node's processes among ``targets`` (if alive), then start them again as before."""
+        old = [c for c in self.children if c.proc.name in targets]
+        for child in old:
+            child.signal(signal.SIGKILL)
+            child.popen.wait()
+        for child in old:
+            argv, env = self.started_as[child.proc.name]
+            fresh = self.spawner(child.proc, argv, env, child.runs_script, self._on_exit,
+                                 output=self.output_filter(child.proc))
+            self.children[self.children.index(child)] = fresh
+
+    def after_preemption(self) -> int:
+        """Agent 0: SCRIPT saved a checkpoint on SIGUSR1/SIGTERM and exited: requeue, or say why not."""
+        say(self.spec.node, "SCRIPT saved a checkpoint after a preemption/time-limit signal and stopped.")
+        code = requeue_job.requeue(self.plan.scheduler, os.environ, self.options.requeue, lambda line: say(self.spec.node, line))
+        return self.stop(code)
 
     def fail(self, reason: str, code: int) -> int:
         say(self.spec.node, f"error: {reason}; stopping the job.")
@@ -377,7 +450,8 @@ class Agent:
         """SIGTERM every child's process group, SIGKILL after the grace time, drain output."""
         self.stopping = True
         for child in self.children:
-            child.signal(signal.SIGTERM)
+            # TF servers hold nothing to save and outlive SIGTERM (servers.py): kill them.
+            child.signal(signal.SIGTERM if child.runs_script else signal.SIGKILL)
         deadline = time.monotonic() + self.options.shutdown_grace
         for child in self.children:
             try:

@@ -39,6 +39,12 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
                    help="show TensorFlow's start-up logs and every allreduce worker's output")
     p.add_argument("--heartbeat-timeout", type=float, default=None,
                    help="seconds of silence after which a node counts as lost (default 30)")
+    p.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                   help="restarts of dead processes allowed per job before it fails (default 3; 0: fail fast)")
+    p.add_argument("--requeue", action="store_true", default=None,
+                   help="after a preemption/time-limit checkpoint, requeue the job (scontrol requeue, qrerun, brequeue)")
+    p.add_argument("--checkpoint-every", default=None, metavar="INTERVAL",
+                   help="mid-epoch checkpoints of fit(checkpoint_dir=...): 500steps, 90s, 5min or epoch (default 120s)")
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
@@ -66,7 +72,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "checkpoint_every")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 

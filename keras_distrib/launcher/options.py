@@ -12,6 +12,8 @@ import yaml
 
 from cluster_parsers import ClusterConfigError, all_parsers
 
+from ..checkpoint_interval import INTERVAL_HINT, IntervalError, parse_interval
+
 LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu")
 PORT_BASE_VAR = "KERAS_DISTRIB_PORT_BASE"
 
@@ -30,6 +32,10 @@ class Options:
     verbose: bool = False
     heartbeat_timeout: float = 30.0
     isolate: bool = True
+    # Resilience (README "Resilience"): restarts of dead processes, requeue on preemption.
+    max_restarts: int = 3
+    requeue: bool = False
+    checkpoint_every: str | None = None  # None: keras_distrib.checkpoint_interval.DEFAULT_EVERY
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -140,6 +146,15 @@ def validate(options: Options) -> Options:
         value = getattr(options, name)
         if not isinstance(value, (int, float)) or value <= 0:
             raise ClusterConfigError(f"{name.replace('_', '-')}={value!r} must be a positive number of seconds.", "e.g. 120.")
+    if isinstance(options.max_restarts, bool) or not isinstance(options.max_restarts, int) or options.max_restarts < 0:
+        raise ClusterConfigError(f"max-restarts={options.max_restarts!r} must be a whole number >= 0.", "e.g. --max-restarts 3 (0: fail fast).")
+    if not isinstance(options.requeue, bool):
+        raise ClusterConfigError(f"requeue={options.requeue!r} must be true or false.", "e.g. 'requeue: true' in --config.")
+    if options.checkpoint_every is not None:
+        try:
+            parse_interval(str(options.checkpoint_every))
+        except IntervalError:
+            raise ClusterConfigError(f"checkpoint-every={options.checkpoint_every!r} is not an interval.", INTERVAL_HINT) from None
     if options.port_base is not None and not isinstance(options.port_base, int):
         raise ClusterConfigError(f"port-base={options.port_base!r} is not an integer.", "e.g. --port-base 23000.")
     if options.scheduler is not None:

@@ -331,7 +331,8 @@ def make_callbacks(callbacks: Sequence[Any] | None, model: Any, epochs: int, ste
 
 
 class CheckpointKeeper:
-    """tf.train.Checkpoint(model, optimizer, step) + CheckpointManager; resume support.
+    """tf.train.Checkpoint(model, optimizer, step), saved and restored through
+    `keras_distrib.checkpoints.Checkpointer` (atomic, newest complete one, metadata).
 
     Non-chief writers (all-reduce workers > 0) must still take part in saving, so they
     write to a throw-away temporary directory.
@@ -340,25 +341,21 @@ class CheckpointKeeper:
     def __init__(self, directory: str, model: Any, optimizer: Any, step: Any, *, is_chief: bool, max_to_keep: int = 3) -> None:
         import tensorflow as tf
 
+        from ..checkpoints import Checkpointer
+
         self.is_chief = is_chief
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-        self._tmp = None if is_chief else tempfile.mkdtemp(prefix="keras_distrib_ckpt_")
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self._tmp or directory, max_to_keep=max_to_keep)
-        self._restore_from = tf.train.latest_checkpoint(directory)
+        self.checkpointer = Checkpointer(directory, self.checkpoint, model, writer=is_chief, keep=max_to_keep)
 
     def restore(self) -> bool:
-        """Restore the latest checkpoint of ``directory`` (all workers read the chief's)."""
-        if not self._restore_from:
-            return False
-        self.checkpoint.restore(self._restore_from).expect_partial()
-        return True
+        """Restore the newest complete checkpoint of ``directory`` (all workers read the chief's)."""
+        return self.checkpointer.restore() is not None
 
     def save(self, step: int) -> None:
-        self.manager.save(checkpoint_number=step)
+        self.checkpointer.save(step)
 
     def close(self) -> None:
-        if self._tmp:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        pass
 
 
 def redirect_writers(callbacks: Sequence[Any], tmpdir: str) -> None:

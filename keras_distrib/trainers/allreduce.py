@@ -41,6 +41,7 @@ from ._common import (
     unpack,
     zeros_totals,
 )
+from ..checkpoints import preemption_signals
 
 DEFAULT_STEPS_PER_EXECUTION = 10
 
@@ -231,13 +232,17 @@ class AllReduceTrainer:
             first = int(tf.shape(tf.nest.flatten(next(iter(sample.take(1))))[0])[0])
         return int(first) * self.strategy.num_replicas_in_sync
 
-    def _run(self, fn: Any, iterator: Any, steps: int | None, on_chunk: Any = None) -> Totals:
+    def _run(self, fn: Any, iterator: Any, steps: int | None, on_chunk: Any = None,
+             keeper: CheckpointKeeper | None = None) -> Totals:
         """Run up to ``steps`` (None: until the data ends) in calls of K steps."""
         import tensorflow as tf
 
         totals = Totals(self.metrics.reset_numpy())
         k = self.steps_per_execution
+        base = int(self.global_step.numpy()) if keeper is not None else 0
         while steps is None or totals.steps < steps:
+            if keeper is not None and totals.steps and self._all_agree(keeper.checkpointer.wants_save(base + totals.steps)):
+                keeper.checkpointer.at_boundary(int(self.global_step.numpy()))  # may stop: preempted
             n = k if steps is None else min(k, steps - totals.steps)
             out = fn(iterator, tf.constant(n))
             done = int(out["steps"])
@@ -247,6 +252,20 @@ class AllReduceTrainer:
             if done < n:
                 break
         return totals
+
+    def _all_agree(self, wanted: bool) -> bool:
+        """True on every worker if any wants a checkpoint now (clocks and signals differ)."""
+        import tensorflow as tf
+
+        if getattr(self, "_agree_fn", None) is None:
+            strategy = self.strategy
+
+            @tf.function
+            def agree(flag: Any) -> Any:
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(flag,)), axis=None)
+
+            self._agree_fn = agree
+        return float(self._agree_fn(tf.constant(1.0 if wanted else 0.0))) > 0
 
     # ------------------------------------------------------------ public API
 
@@ -287,29 +306,36 @@ class AllReduceTrainer:
         if tmpdir:
             redirect_writers(callbacks, tmpdir)
         keeper = None
+        resume_skip: dict[int, int] = {}
         if checkpoint_dir:
             keeper = CheckpointKeeper(checkpoint_dir, self.model, self.optimizer, self.global_step, is_chief=self.is_chief)
+            keeper.checkpointer.steps_per_epoch = target
             if keeper.restore() and target:
-                initial_epoch = max(initial_epoch, int(self.global_step.numpy()) // target)
+                done = int(self.global_step.numpy())
+                initial_epoch = max(initial_epoch, done // target)
+                resume_skip[initial_epoch] = done % target  # a mid-epoch checkpoint
+                keeper.checkpointer.nothing_left(done, epochs)
         cbs = make_callbacks(callbacks, self.model, epochs, target, verbose)
         persistent = iter(dist) if repeat else None
 
         def train_epoch(epoch: int, progress: Progress, cbs: Any) -> Totals:
             on_chunk = batch_reporter(cbs, progress, self.metrics)
             iterator = persistent if persistent is not None else iter(dist)
-            return self._run(fn, iterator, steps_per_epoch, on_chunk)
+            skip = resume_skip.pop(epoch, 0)
+            return self._run(fn, iterator, (steps_per_epoch or target) - skip if skip else steps_per_epoch, on_chunk, keeper)
 
         def validate() -> dict[str, float]:
             return self.evaluate(validation_data, steps=validation_steps,
                                  batch_size=validation_batch_size or batch_size, prefix="val_")
 
         try:
-            return run_epochs(
-                model=self.model, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=target,
-                callbacks=cbs, verbose=verbose, show=self.is_chief, train_epoch=train_epoch,
-                validate=validate if validation_data is not None else None,
-                train_logs=lambda t: t.logs(self.metrics), on_epoch_done=epoch_saver(keeper, self.global_step),
-            )
+            with preemption_signals(enabled=keeper is not None):
+                return run_epochs(
+                    model=self.model, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=target,
+                    callbacks=cbs, verbose=verbose, show=self.is_chief, train_epoch=train_epoch,
+                    validate=validate if validation_data is not None else None,
+                    train_logs=lambda t: t.logs(self.metrics), on_epoch_done=epoch_saver(keeper, self.global_step),
+                )
         finally:
             if keeper is not None:
                 keeper.close()

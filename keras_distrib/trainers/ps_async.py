@@ -21,13 +21,13 @@ Design notes (why):
   hand-written loop): mlp 0.915 -> 1.127, cnn 0.908 -> 1.139.
 * Exact step: Keras 3 ``optimizer.iterations`` loses increments under concurrent workers
   (read-modify-write), so a separate int64 ``global_step`` on a ps is advanced with
-  ``assign_add`` (atomic on the ps). Each closure reserves its K step numbers with one
-  ``assign_add(K)`` and starts ``optimizer.iterations`` at the first of them, so LR
+  ``assign_add`` (atomic on the ps). Each closure starts ``optimizer.iterations`` at the
+  counter and adds its K steps with one ``assign_add(K)`` after its last update, so LR
   schedules and Adam's bias correction see the true step (up to the chunks in flight on
   other workers), and at every epoch end the chief sets ``iterations`` to the exact
   counter, so checkpoints and callbacks see it exactly. (If a worker dies mid-closure the
-  coordinator re-runs the closure, which reserves new numbers: the count then includes
-  the lost closure's steps, some of whose updates were applied.)
+  coordinator re-runs the closure: the lost attempt is not counted, but the updates it
+  applied before dying, at most K-1, stay in the weights.)
 * Data: each worker gets its own dataset function with its shard index baked in (one
   resource closure per worker, re-run with the same index if the worker is recovered),
   because upstream ``create_per_worker_dataset`` gives every worker the same stream.
@@ -74,6 +74,7 @@ from ._common import (
     zeros_totals,
 )
 from . import packing
+from ..checkpoints import preemption_signals
 from .placement import placement_scope
 
 #: Default steps per scheduled function (see module docstring for the measurement).
@@ -194,11 +195,11 @@ class ParameterServerTrainer:
         def train_chunk(iterator: Any, num_steps: int) -> Any:
             # num_steps is a Python int (K, or an epoch's remainder): a constant in the
             # graph instead of a chief tensor sent with every closure (at most two traces).
-            # Reserve this chunk's step numbers with one atomic assign_add on the ps (two
-            # remote ops per chunk instead of per step); apply_gradients then advances
-            # iterations through the reserved range, so schedules see the true step.
-            n = tf.constant(num_steps, tf.int64)
-            opt.iterations.assign(tf.cast(step.assign_add(n) - n, opt.iterations.dtype))
+            # The chunk's steps are counted with one atomic assign_add on the ps when it
+            # completes (below: two remote ops per chunk instead of per step), so a closure
+            # lost with its worker is not counted, its re-run is (README "Resilience");
+            # iterations starts at the counter, so schedules see the step (up to chunks in flight).
+            opt.iterations.assign(tf.cast(step.read_value(), opt.iterations.dtype))
             totals = zeros_totals(metrics)
             # Unrolled (Python range) up to MAX_UNROLLED_STEPS: see the module docstring.
             unroll = num_steps <= MAX_UNROLLED_STEPS and num_steps * len(variables) <= MAX_UNROLLED_VARIABLE_STEPS
@@ -206,6 +207,9 @@ class ParameterServerTrainer:
             for _ in steps:
                 loss, n, state = strategy.run(replica_step, args=(next(iterator), totals["state"]))
                 totals = step_totals(totals, loss, n, state)
+            # After the last update (its iterations increment is ordered on that variable).
+            with tf.control_dependencies([tf.identity(opt.iterations.value)]):
+                step.assign_add(tf.constant(num_steps, tf.int64))
             return pack_totals(totals)
 
         return train_chunk
@@ -254,7 +258,7 @@ class ParameterServerTrainer:
         return 4 * self.num_workers
 
     def _run_chunks(self, fn: Any, iterator: Any, total_steps: int, on_chunk: Any = None,
-                    static_steps: bool = False) -> Totals:
+                    static_steps: bool = False, keeper: CheckpointKeeper | None = None) -> Totals:
         """Schedule ``total_steps`` in chunks of K steps; fold results in order.
 
         ``static_steps``: pass the chunk size as a Python int (``fn`` is traced per size)
@@ -275,7 +279,16 @@ class ParameterServerTrainer:
 
         # Not one constant per closure.
         sizes = {n: n if static_steps else tf.constant(n) for n in {k, total_steps % k or k}}
+        base = int(self.global_step.numpy()) if keeper is not None else 0
         for first in range(0, total_steps, k):
+            if keeper is not None and first and keeper.checkpointer.wants_save(base + first):
+                # A mid-epoch checkpoint (or a preemption): let the closures in flight land
+                # so the saved step counter is exact, then save (and stop if preempted).
+                while pending:
+                    drain_one()
+                self.coordinator.join()
+                self.sync_iterations()
+                keeper.checkpointer.at_boundary(int(self.global_step.numpy()))
             n = min(k, total_steps - first)
             pending.append((first + n - 1, self.coordinator.schedule(fn, args=(iterator, sizes[n]))))
             if len(pending) >= self._window():
@@ -312,10 +325,15 @@ class ParameterServerTrainer:
         self._train_fn = self._train_fn or self._make_train_fn()
 
         keeper = None
+        resume_skip: dict[int, int] = {}
         if checkpoint_dir:
             keeper = CheckpointKeeper(checkpoint_dir, self.model, self.optimizer, self.global_step, is_chief=True)
+            keeper.checkpointer.steps_per_epoch = steps
             if keeper.restore():
-                initial_epoch = max(initial_epoch, int(self.global_step.numpy()) // steps)
+                done = int(self.global_step.numpy())
+                initial_epoch = max(initial_epoch, done // steps)
+                resume_skip[initial_epoch] = done % steps  # a mid-epoch checkpoint
+                keeper.checkpointer.nothing_left(done, epochs)
 
         if validation_data is not None:
             val_source = kd_data.as_source(validation_data)
@@ -327,7 +345,8 @@ class ParameterServerTrainer:
             # Running logs are only worth computing for someone who looks at them.
             per_chunk = verbose == 1 or needs_batch_hooks(cbs)
             on_chunk = batch_reporter(cbs, progress, self.metrics) if per_chunk else None
-            totals = self._run_chunks(self._train_fn, inp.iterator, steps, on_chunk, static_steps=True)
+            totals = self._run_chunks(self._train_fn, inp.iterator, steps - resume_skip.pop(epoch, 0), on_chunk,
+                                      static_steps=True, keeper=keeper)
             self.coordinator.join()
             self.sync_iterations()
             return totals
@@ -335,12 +354,13 @@ class ParameterServerTrainer:
         def validate() -> dict[str, float]:
             return self.evaluate(val_source, steps=validation_steps, batch_size=val_bs, prefix="val_")
 
-        return run_epochs(
-            model=self.model, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-            callbacks=cbs, verbose=verbose, show=True, train_epoch=train_epoch,
-            validate=validate if validation_data is not None else None,
-            train_logs=lambda t: t.logs(self.metrics), on_epoch_done=epoch_saver(keeper, self.global_step),
-        )
+        with preemption_signals(enabled=keeper is not None):
+            return run_epochs(
+                model=self.model, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+                callbacks=cbs, verbose=verbose, show=True, train_epoch=train_epoch,
+                validate=validate if validation_data is not None else None,
+                train_logs=lambda t: t.logs(self.metrics), on_epoch_done=epoch_saver(keeper, self.global_step),
+            )
 
     def evaluate(self, data: Any, *, steps: int | None = None, batch_size: int | None = None,
                  prefix: str = "") -> dict[str, float]:

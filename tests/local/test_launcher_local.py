@@ -72,7 +72,7 @@ def test_exit_code_output_prefix_and_cleanup(workdir: Path) -> None:
 
 
 def test_killed_worker_stops_the_job_with_one_line(workdir: Path) -> None:
-    proc = start_local(["--nodes", "2", "--port-base", "24200", "chief.py", "wait", str(workdir / "unused")], workdir)
+    proc = start_local(["--nodes", "2", "--port-base", "24200", "--max-restarts", "0", "chief.py", "wait", str(workdir / "unused")], workdir)
     try:
         tasks = ("chief:0", "ps:0", "ps:1", "worker:0", "worker:1")
 

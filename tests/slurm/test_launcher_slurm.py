@@ -300,7 +300,7 @@ def test_killed_worker_fails_the_job_fast(slurm_cluster: SlurmTestCluster, work:
     out, ended = work / "train-kill.out", work / "train-kill.ended"
     # 300 steps of >= 0.5 s: the script would run for minutes if nothing stopped it.
     job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out)],
-                          ["train.py", "300", "0.5", str(ended)], work)
+                          ["--max-restarts", "0", "train.py", "300", "0.5", str(ended)], work)
     try:
         assert wait_for_text(out, "[n1 chief:0] training", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
         victim = pid_of(slurm_cluster, "n2", "worker:1")

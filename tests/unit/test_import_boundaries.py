@@ -10,7 +10,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "keras_distrib"
 LAUNCHER = PACKAGE / "launcher"
 # Modules that run inside SCRIPT or its servers (started by the agent, never part of it).
-SCRIPT_SIDE = ("strategies", "servers", "check", "data", "trainers")
+SCRIPT_SIDE = ("strategies", "servers", "check", "data", "trainers", "checkpoints")
 FORBIDDEN_IN_LAUNCHER = {"tensorflow", "keras", "tf_keras", "jax"} | {f"keras_distrib.{m}" for m in SCRIPT_SIDE}
 
 

@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,10 +112,12 @@ def test_slurm_specifics(template: Template) -> None:
     srun = [c for c in commands(text) if c.startswith("srun ")]
     assert len(srun) == 1 and "--ntasks-per-node=1" in srun[0].split()
     assert "#SBATCH --ntasks-per-node=1" in text
-    preempt = [line for line in text.splitlines() if "--signal=USR1@120" in line]
-    assert preempt == ["##SBATCH --signal=USR1@120"], "a commented preemption line"
+    preempt = [line for line in text.splitlines() if "--signal=" in line]
+    assert preempt == ["#SBATCH --signal=B:USR1@120"], "the time-limit warning goes to the batch shell"
+    assert any(line.startswith("#SBATCH --requeue ") for line in text.splitlines())
     before = text[: text.index(preempt[0])]
     assert "SIGUSR1" in before.split("#SBATCH --output")[-1], "the preemption line needs its explanation"
+    assert """trap 'kill -USR1 "$srun_pid" 2>/dev/null' USR1""" in text
 
 
 # -- running the templates against stub launchers --------------------------------------------
@@ -167,8 +171,41 @@ def test_sbatch_runs_srun_with_the_arguments(template: Template, tmp_path: Path,
     python = str(tmp_path / "bin" / "mypython")
     assert calls == [[
         "srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--cpus-per-task=2",
-        python, "-m", "keras_distrib.slurm", "--layout", template.layout, *ARGS,
+        python, "-m", "keras_distrib.slurm", "--layout", template.layout, "--requeue", *ARGS,
     ]]
+
+
+SRUN_WAITING_FOR_USR1 = textwrap.dedent(
+    """\
+    #!/bin/bash
+    # Stub srun: like the agents after a time-limit warning, save and exit with 75.
+    trap 'echo USR1 >> "$RECORD"; exit 75' USR1
+    echo started >> "$RECORD"
+    for _ in $(seq 300); do sleep 0.1; done
+    exit 1
+    """
+)
+
+
+@needs_bash
+@pytest.mark.parametrize("template", SLURM, ids=[Path(t.path).name for t in SLURM])
+def test_sbatch_passes_the_time_limit_warning_to_srun(template: Template, tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    stub(bindir, "srun", SRUN_WAITING_FOR_USR1)
+    record = tmp_path / "record.txt"
+    env = {"PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "RECORD": str(record), "SLURM_JOB_NUM_NODES": "2"}
+    shell = subprocess.Popen([BASH, str(template.file), *ARGS], env=env, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 20
+        while not (record.exists() and "started" in record.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shell.send_signal(signal.SIGUSR1)  # what --signal=B:USR1 does
+        assert shell.wait(timeout=20) == 75  # srun's code, not the interrupted wait's
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+    assert record.read_text().split() == ["started", "USR1"]
 
 
 @needs_bash
@@ -183,7 +220,7 @@ def test_pbs_runs_one_agent_per_node(tmp_path: Path, rc: int) -> None:
     code, calls, err = run_template(template, tmp_path, env, ARGS, rc)
     assert code == rc, err
     python = str(tmp_path / "bin" / "mypython")
-    agent = [python, "-m", "keras_distrib.pbs", "--layout", "ps-per-node", *ARGS]
+    agent = [python, "-m", "keras_distrib.pbs", "--layout", "ps-per-node", "--requeue", *ARGS]
     remote = sorted(c for c in calls if c[0] == "pbsdsh")
     # The first node's agent is the job script itself; pbsdsh starts the other nodes' first slot.
     assert remote == [
@@ -201,7 +238,7 @@ def test_pbs_takes_arguments_from_train_variable(tmp_path: Path) -> None:
     env = {"PBS_NODEFILE": str(nodefile), "PBS_O_WORKDIR": str(tmp_path), "TRAIN": "train.py --epochs 3"}
     code, calls, err = run_template(template, tmp_path, env, [], 0)
     assert code == 0, err
-    assert calls == [["mypython", "-m", "keras_distrib.pbs", "--layout", "ps-per-node", "train.py", "--epochs", "3"]]
+    assert calls == [["mypython", "-m", "keras_distrib.pbs", "--layout", "ps-per-node", "--requeue", "train.py", "--epochs", "3"]]
 
 
 @needs_bash
@@ -214,6 +251,6 @@ def test_sge_runs_one_agent_per_host(tmp_path: Path, rc: int) -> None:
     assert code == rc, err
     python = str(tmp_path / "bin" / "mypython")
     assert sorted(calls) == [
-        ["qrsh", "-inherit", "-V", host, python, "-m", "keras_distrib.sge", "--layout", "ps-per-node", "train.py", "--epochs", "3"]
+        ["qrsh", "-inherit", "-V", host, python, "-m", "keras_distrib.sge", "--layout", "ps-per-node", "--requeue", "train.py", "--epochs", "3"]
         for host in ("n1", "n2", "n3")
     ]

@@ -1,0 +1,38 @@
+"""Which processes a death restarts, and the one line that says so (pure, unit-tested).
+
+* all-reduce and jax: every worker holds a replica and they run in lockstep, so one death
+  restarts all of them; SCRIPT resumes from its last checkpoint (like torchrun).
+* parameter server, a worker dies: only that TF server restarts; TensorFlow's
+  ClusterCoordinator re-runs its closures once it listens again.
+* parameter server, a ps dies: the variables it held are gone and TensorFlow cannot
+  reconnect a running coordinator to a new ps, so the ps AND the chief's SCRIPT restart;
+  SCRIPT resumes from the last checkpoint. The workers keep running: a new coordinator
+  re-creates its functions and datasets on them.
+* the chief dies (a signal, not its own exit code): SCRIPT restarts and resumes.
+"""
+
+from __future__ import annotations
+
+from ..plan import CHIEF, PS, Plan
+
+
+def restart_targets(plan: Plan, dead: str) -> list[str]:
+    """Names (``job:index``) of the processes to restart after ``dead`` died."""
+    if plan.every_process_runs_script:  # allreduce and jax: lockstep replicas
+        return [p.name for p in plan.processes]
+    job = dead.split(":", 1)[0]
+    if job == PS:
+        return [dead] + [p.name for p in plan.processes if p.job == CHIEF]
+    return [dead]
+
+
+def restart_line(label: str, how: str, targets: list[str], dead: str, used: int, budget: int) -> str:
+    """``worker:1 on n2 exited with signal 9 (SIGKILL); restarting it (1/3)``."""
+    others = [t for t in targets if t != dead]
+    if not others:
+        what = "restarting it"
+    elif any(t.startswith(CHIEF) for t in others) and len(targets) == 2:
+        what = "restarting it and the chief's SCRIPT, which resumes from its last checkpoint"
+    else:
+        what = f"restarting all {len(targets)} workers, which resume from the last checkpoint"
+    return f"{label} exited with {how}; {what} ({used}/{budget})"

@@ -1,0 +1,173 @@
+"""Resilience in local mode: SIGKILLs at random moments, a spent restart budget, SIGUSR1.
+
+One ps-per-node job takes three deaths in turn (a worker, a ps, the chief: the budget is
+3), so one cluster start covers all three; the all-reduce job takes one. Each run must end
+with exit code 0, the restart lines, the exact step count and no process or port left.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher_utils import alive, listening_ports, processes_with_env, start_local, wait_for
+
+SCRIPT = Path(__file__).resolve().parent / "resilience_script.py"
+SEED = random.randrange(1 << 30)
+
+
+class Job:
+    """A local launcher run whose output is collected line by line while the test acts."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.proc = start_local(args, cwd)
+        self.lines: list[str] = []
+        self.seen: set[int] = set()  # every child PID seen, to check none is left
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def count(self, needle: str) -> int:
+        return sum(needle in line for line in self.lines)
+
+    def pids(self, task: str) -> list[int]:
+        found = alive(processes_with_env("KERAS_DISTRIB_TASK", task, self.proc.pid))
+        self.seen.update(found)
+        return found
+
+    def kill(self, task: str, timeout: float = 300) -> None:
+        assert wait_for(lambda: len(self.pids(task)) == 1, timeout), f"{task} never ran\n{self.text()[-3000:]}"
+        subprocess.run(["kill", "-9", str(self.pids(task)[0])], check=True)
+
+    def wait(self, timeout: float = 600) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(timeout=10)
+        return code
+
+    def result(self, prefix: str) -> dict:
+        rows = [json.loads(line.split("] ", 1)[1]) for line in self.lines if line.startswith(prefix) and '] {"step"' in line]
+        assert rows, self.text()[-3000:]
+        return rows[-1]
+
+
+def checkpoints(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.glob("ckpt-*")) if directory.is_dir() else []
+
+
+def newer_checkpoint(directory: Path, than: list[str]) -> bool:
+    now = checkpoints(directory)
+    return bool(now) and (not than or now[-1] > than[-1])
+
+
+def test_ps_layout_survives_a_worker_a_ps_and_the_chief_dying(tmp_path: Path) -> None:
+    rng = random.Random(SEED)
+    ck = tmp_path / "ck"
+    epochs, steps = 8, 300
+    job = Job(["--nodes", "2", "--port-base", "25600", "--checkpoint-every", "1s", "--startup-timeout", "600",
+               str(SCRIPT), str(ck), str(epochs), str(steps)], tmp_path)
+    try:
+        for task, marker in (("worker:1", "restarting it (1/3)"), ("ps:1", "restarting it and the chief's SCRIPT"),
+                             ("chief:0", "restarting it (3/3)")):
+            before = checkpoints(ck)
+            assert wait_for(lambda: newer_checkpoint(ck, before), 600), f"no new checkpoint before killing {task}\n{job.text()[-3000:]}"
+            time.sleep(rng.uniform(0, 1.0))
+            job.kill(task)
+            assert wait_for(lambda: job.count(marker) == 1, 120), f"no restart line after killing {task} (seed {SEED})\n{job.text()[-3000:]}"
+        code = job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    assert code == 0, f"seed {SEED}\n{job.text()[-4000:]}"
+    assert job.count("resuming from") == 2  # after the ps death and after the chief death
+    result = job.result("[local0 chief:0]")
+    assert result["step"] == epochs * steps  # exact: a closure lost with its worker is not counted
+    assert result["accuracy"] > 0.9
+    assert not alive(sorted(job.seen))
+    assert not {25600 + i for i in range(6)} & listening_ports()
+
+
+def test_allreduce_worker_death_restarts_all_workers_from_the_checkpoint(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    epochs, steps = 4, 150
+    job = Job(["--nodes", "2", "--layout", "allreduce", "--port-base", "25700", "--checkpoint-every", "20steps",
+               "--startup-timeout", "600", str(SCRIPT), str(ck), str(epochs), str(steps)], tmp_path)
+    try:
+        assert wait_for(lambda: bool(checkpoints(ck)), 600), job.text()[-3000:]
+        time.sleep(random.Random(SEED).uniform(0, 1.0))
+        job.kill("worker:1")
+        code = job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    assert code == 0, f"seed {SEED}\n{job.text()[-4000:]}"
+    assert job.count("worker:1 on local1 exited with signal 9 (SIGKILL); restarting all 2 workers") == 1, job.text()[-3000:]
+    assert job.count("resuming from") == 1  # printed by worker 0 only
+    first, second = job.result("[local0 worker:0]"), job.result("[local1 worker:1]")
+    assert first["step"] == second["step"] == epochs * steps
+    assert first["weights"] == second["weights"]  # the replicas agree after the restart
+    assert not alive(sorted(job.seen))
+
+
+SLEEPER = "import time\ntime.sleep(300)\n"
+
+
+def test_a_spent_restart_budget_fails_fast_naming_the_process(tmp_path: Path) -> None:
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    job = Job(["--nodes", "2", "--port-base", "25800", "--max-restarts", "1", "sleeper.py"], tmp_path)
+    try:
+        job.kill("worker:1")
+        assert wait_for(lambda: job.count("restarting it (1/1)") == 1, 60), job.text()[-3000:]
+        job.kill("worker:1")
+        code = job.wait(timeout=60)
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    errors = [line for line in job.lines if "error:" in line]
+    assert errors == ["[local0 agent] keras_distrib: error: worker:1 on local1 exited unexpectedly with signal 9 (SIGKILL); "
+                      "the restart budget is spent (1/1). HINT: look for the cause in its output above; raise "
+                      "--max-restarts if deaths are expected; stopping the job."], job.text()[-3000:]
+    assert code == 128 + 9
+    assert not alive(sorted(job.seen))
+
+
+def test_sigusr1_checkpoints_at_a_step_boundary_then_a_rerun_resumes(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    epochs, steps = 6, 300
+    args = ["--nodes", "2", "--port-base", "25900", "--requeue", "--checkpoint-every", "epoch", "--startup-timeout", "600",
+            str(SCRIPT), str(ck), str(epochs), str(steps)]
+    job = Job(args, tmp_path)
+    try:
+        assert wait_for(lambda: bool(checkpoints(ck)), 600), job.text()[-3000:]  # the end of epoch 1
+        job.proc.send_signal(signal.SIGUSR1)
+        code = job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    assert code == 75, job.text()[-3000:]
+    saved = [line for line in job.lines if "got SIGUSR1: saved a checkpoint at step" in line]
+    assert len(saved) == 1, job.text()[-3000:]
+    step = int(saved[0].split("at step ")[1].split()[0])
+    assert step % 10 == 0 and steps < step < epochs * steps  # a chunk boundary, mid-training
+    assert job.count("cannot requeue: a local job is not a batch job") == 1
+    rerun = Job(args, tmp_path)
+    assert rerun.wait() == 0, rerun.text()[-3000:]
+    assert rerun.count(f"resuming from {ck}/ckpt-{step:012d} (epoch {step // steps + 1}, step {step})") == 1
+    assert rerun.result("[local0 chief:0]")["step"] == epochs * steps

@@ -1,0 +1,80 @@
+"""Resilience on the real Slurm test cluster: a killed worker on another node is restarted
+(the restart order crosses nodes on the control channel), and a time-limit warning
+(``scancel --signal=USR1 --batch``, what ``#SBATCH --signal=B:USR1@120`` sends) makes the
+job checkpoint, requeue itself and resume to the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from slurm_cluster import SlurmTestCluster
+
+from test_launcher_slurm import PS_PER_NODE, TIMEOUT, assert_nothing_left, error_lines, meaningful, pid_of, sbatch_template, wait_for_text
+
+RESILIENCE_SCRIPT = Path(__file__).resolve().parents[1] / "local" / "resilience_script.py"
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("resilience-slurm")
+    shutil.copy(RESILIENCE_SCRIPT, path / "fit.py")
+    return path
+
+
+def result_of(text: str) -> dict:
+    rows = [json.loads(line.split("] ", 1)[1]) for line in meaningful(text) if line.startswith("[n1 chief:0] {")]
+    assert rows, text[-3000:]
+    return rows[-1]
+
+
+def test_killed_worker_on_another_node_is_restarted(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    out, ck = work / "restart.out", work / "restart-ck"
+    job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out)],
+                          ["--checkpoint-every", "2s", "fit.py", str(ck), "6", "200"], work)
+    try:
+        assert wait_for_text(out, "Epoch 1/6", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
+        os.kill(pid_of(slurm_cluster, "n2", "worker:1"), signal.SIGKILL)
+        result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
+    finally:
+        slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text = out.read_text(errors="replace")
+    assert result == "COMPLETED", text[-4000:]
+    restart = "[n1 agent] keras_distrib: worker:1 on n2 exited with signal 9 (SIGKILL); restarting it (1/3)"
+    assert restart in text
+    # The n2 agent started it again (it may end with the job before it serves: training goes on without it).
+    assert "[n2 worker:1] " in text[text.index(restart):], text[-3000:]
+    assert result_of(text)["step"] == 6 * 200
+    assert error_lines(text) == []
+    assert_nothing_left(slurm_cluster, job)
+
+
+def test_time_limit_warning_checkpoints_requeues_and_resumes(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    out, ck = work / "requeue.out", work / "requeue-ck"
+    job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out), "--open-mode=append"],
+                          ["--checkpoint-every", "epoch", "fit.py", str(ck), "6", "200"], work)
+    try:
+        assert wait_for_text(out, "Epoch 1/6", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
+        slurm_cluster.head(["scancel", "--signal=USR1", "--batch", str(job)], check=True, timeout=30)
+        assert wait_for_text(out, "requeued job", 120), out.read_text(errors="replace")[-4000:]
+        deadline = time.monotonic() + 2 * TIMEOUT
+        while time.monotonic() < deadline:  # requeued: PENDING, then RUNNING again, then done
+            result = slurm_cluster.wait_job(job, timeout=2 * TIMEOUT)
+            if result != "REQUEUED":
+                break
+    finally:
+        slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text = out.read_text(errors="replace")
+    assert result == "COMPLETED", text[-4000:]
+    saved = [line for line in text.splitlines() if "got SIGUSR1: saved a checkpoint at step" in line]
+    assert len(saved) == 1, text[-4000:]
+    step = int(saved[0].split("at step ")[1].split()[0])
+    assert f"(scontrol requeue {job})" in text
+    assert f"resuming from {ck}/ckpt-{step:012d}" in text
+    assert result_of(text)["step"] == 6 * 200
+    assert_nothing_left(slurm_cluster, job)

@@ -1,0 +1,243 @@
+"""Pure parts of resilience: restart targets and lines, requeue commands, the checkpoint store.
+
+The store is exercised with a fake writer (no TensorFlow); one test SIGKILLs a process in
+the middle of a checkpoint write and checks the previous checkpoint is still the newest
+complete one, and the partial write is removed at the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from keras_distrib.checkpoint_interval import Interval, IntervalError, parse_interval
+from keras_distrib.checkpoints import (
+    CheckpointError,
+    CheckpointStore,
+    Meta,
+    Schedule,
+    check_compatible,
+    position,
+    preemption_requested,
+    preemption_signals,
+)
+from keras_distrib.contract import PREEMPTED_EXIT_CODE
+from keras_distrib.launcher.options import Options, validate
+from keras_distrib.launcher.requeue import SGE_RESCHEDULE_EXIT, requeue
+from keras_distrib.launcher.restarts import restart_line, restart_targets
+from keras_distrib.plan import build_plan
+from cluster_parsers import ClusterConfigError, JobInfo
+
+pytestmark = pytest.mark.unit
+REPO = Path(__file__).resolve().parents[2]
+
+
+def plan_for(layout: str, nodes: int = 2):
+    names = tuple(f"n{i + 1}" for i in range(nodes))
+    job = JobInfo("slurm", "42", names, (1,) * nodes, node_gpus=tuple(("0", "1") for _ in names))
+    return build_plan(job, layout, 23000, "grpc", None)
+
+
+@pytest.mark.parametrize("layout", ["ps-per-node", "worker-per-gpu"])
+def test_ps_layouts_restart_a_worker_alone_and_a_ps_with_the_chief(layout: str) -> None:
+    plan = plan_for(layout, 3)
+    assert restart_targets(plan, "worker:1") == ["worker:1"]
+    assert restart_targets(plan, "chief:0") == ["chief:0"]
+    assert restart_targets(plan, "ps:2") == ["ps:2", "chief:0"]
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+def test_allreduce_restarts_every_worker(nodes: int) -> None:
+    plan = plan_for("allreduce", nodes)
+    assert sorted(restart_targets(plan, "worker:1")) == sorted(p.name for p in plan.processes)
+    assert len(restart_targets(plan, "worker:1")) == nodes  # one worker per node, all its GPUs
+
+
+def test_restart_lines() -> None:
+    assert restart_line("worker:1 on n2", "signal 9 (SIGKILL)", ["worker:1"], "worker:1", 1, 3) == (
+        "worker:1 on n2 exited with signal 9 (SIGKILL); restarting it (1/3)")
+    assert "restarting it and the chief's SCRIPT, which resumes from its last checkpoint (2/3)" in restart_line(
+        "ps:0 on n2", "exit code 1", ["ps:0", "chief:0"], "ps:0", 2, 3)
+    assert "restarting all 4 workers, which resume from the last checkpoint (1/5)" in restart_line(
+        "worker:3 on n2", "signal 9 (SIGKILL)", ["worker:0", "worker:1", "worker:2", "worker:3"], "worker:3", 1, 5)
+
+
+@pytest.mark.parametrize("value", [-1, "3", 1.5, True])
+def test_bad_max_restarts_is_refused(value: object) -> None:
+    with pytest.raises(ClusterConfigError, match="max-restarts"):
+        validate(Options(max_restarts=value))  # type: ignore[arg-type]
+
+
+def test_bad_checkpoint_interval_is_refused_by_the_launcher() -> None:
+    with pytest.raises(ClusterConfigError, match="checkpoint-every='often'") as err:
+        validate(Options(checkpoint_every="often"))
+    assert "500steps" in str(err.value)
+    assert validate(Options(checkpoint_every="90s")).checkpoint_every == "90s"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("500", Interval(steps=500)), ("20steps", Interval(steps=20)), ("1 step", Interval(steps=1)),
+    ("90s", Interval(seconds=90)), ("2.5min", Interval(seconds=150)), ("1h", Interval(seconds=3600)),
+    ("epoch", Interval()), ("off", Interval()),
+])
+def test_parse_interval(text: str, expected: Interval) -> None:
+    assert parse_interval(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "often", "-5", "5 parsecs", "0s"])
+def test_bad_interval(text: str) -> None:
+    with pytest.raises(IntervalError, match="HINT"):
+        parse_interval(text)
+
+
+def test_schedule_by_steps_and_by_time() -> None:
+    now = [0.0]
+    by_steps = Schedule(Interval(steps=100), step=50, clock=lambda: now[0])
+    assert not by_steps.due(149) and by_steps.due(150)
+    by_time = Schedule(Interval(seconds=10), step=0, clock=lambda: now[0])
+    now[0] = 9.9
+    assert not by_time.due(10_000)
+    now[0] = 10.0
+    assert by_time.due(1)
+    by_time.mark(1)
+    assert not by_time.due(2)
+    assert not Schedule(Interval(), step=0, clock=lambda: now[0]).due(10**9)
+
+
+def test_position_in_epoch() -> None:
+    assert position(450, 100) == (4, 50)
+    assert position(400, 100) == (4, 0)
+    assert position(7, None) == (0, 7)
+
+
+def fake_write(payload: bytes):
+    def write(prefix: str) -> None:
+        Path(prefix + ".index").write_bytes(payload)
+    return write
+
+
+def meta(step: int, layout: str = "ps-per-node", signature: str = "abc-4w") -> Meta:
+    return Meta(step, step // 10, step % 10, 10, layout, signature, 0.0)
+
+
+def test_store_keeps_the_newest_complete_checkpoints(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, writer=True, keep=2)
+    for step in (10, 25, 30):
+        store.save(fake_write(str(step).encode()), meta(step))
+    assert [m.step for _, m in store.complete()] == [25, 30]
+    path, latest = store.latest()
+    assert latest.step == 30 and (path / "ckpt.index").read_bytes() == b"30"
+    # A directory without a readable meta.json is not complete: skipped, never chosen.
+    (tmp_path / "ckpt-000000000099").mkdir()
+    assert store.latest()[1].step == 30
+
+
+def test_non_writer_writes_nothing_into_the_directory(tmp_path: Path) -> None:
+    written = []
+    store = CheckpointStore(tmp_path / "ck", writer=False)
+    assert store.save(lambda prefix: written.append(prefix), meta(10)) is None
+    assert written and not (tmp_path / "ck").exists()
+
+
+def test_other_layout_or_model_is_refused_with_a_hint(tmp_path: Path) -> None:
+    check_compatible(tmp_path, meta(10), "ps-per-node", "abc-4w")
+    with pytest.raises(CheckpointError, match="ps-per-node run .*HINT: resume with --layout ps-per-node"):
+        check_compatible(tmp_path, meta(10), "allreduce", "abc-4w")
+    with pytest.raises(CheckpointError, match="another model .*HINT"):
+        check_compatible(tmp_path, meta(10), "ps-per-node", "def-6w")
+
+
+def test_preemption_signal_only_sets_a_flag_and_handlers_are_restored() -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    with preemption_signals():
+        assert preemption_requested() is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.05)
+        assert preemption_requested() == signal.SIGUSR1
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from keras_distrib.checkpoints import CheckpointStore, Meta
+
+    store = CheckpointStore(sys.argv[1], writer=True)
+    def good(prefix):
+        Path(prefix + ".index").write_text("complete")
+    store.save(good, Meta(100, 1, 0, 100, "ps-per-node", "abc-4w", 0.0))
+    def slow(prefix):
+        with open(prefix + ".data", "w") as fh:
+            fh.write("partial")
+            fh.flush()
+            print("writing", flush=True)
+            time.sleep(60)
+    store.save(slow, Meta(200, 2, 0, 100, "ps-per-node", "abc-4w", 0.0))
+    """
+)
+
+
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp_path: Path) -> None:
+    script = tmp_path / "writer.py"
+    script.write_text(KILLED_WRITER)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "ck")], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert any(p.name.startswith(".partial-") for p in (tmp_path / "ck").iterdir())
+    reader = CheckpointStore(tmp_path / "ck", writer=False)
+    path, latest = reader.latest()
+    assert latest.step == 100 and (path / "ckpt.index").read_text() == "complete"
+    CheckpointStore(tmp_path / "ck", writer=True)  # the next run's writer cleans up
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["ckpt-000000000100"]
+
+
+def test_requeue_off_or_impossible_says_why(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    lines: list[str] = []
+    assert requeue("slurm", {"SLURM_JOB_ID": "7"}, False, lines.append) == PREEMPTED_EXIT_CODE
+    assert "requeue is off" in lines[-1]
+    assert requeue("static", {}, True, lines.append) == PREEMPTED_EXIT_CODE
+    assert "not a batch job" in lines[-1]
+    assert requeue("slurm", {}, True, lines.append) == PREEMPTED_EXIT_CODE
+    assert "SLURM_JOB_ID is not set" in lines[-1]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert requeue("slurm", {"SLURM_JOB_ID": "7"}, True, lines.append) == PREEMPTED_EXIT_CODE
+    assert "'scontrol' is not on PATH" in lines[-1]
+    assert requeue("sge", {"JOB_ID": "7"}, True, lines.append) == SGE_RESCHEDULE_EXIT
+
+
+@pytest.mark.parametrize("scheduler, variable, command, ok", [
+    ("slurm", "SLURM_JOB_ID", "scontrol", True),
+    ("slurm", "SLURM_JOB_ID", "scontrol", False),
+    ("pbs", "PBS_JOBID", "qrerun", True),
+    ("lsf", "LSB_JOBID", "brequeue", True),
+])
+def test_requeue_runs_the_scheduler_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, scheduler: str,
+                                            variable: str, command: str, ok: bool) -> None:
+    record = tmp_path / "argv"
+    stub = tmp_path / command
+    stub.write_text(f"#!/bin/sh\necho \"$0 $@\" > {record}\n" + ("exit 0\n" if ok else "echo 'Requeue of job 7 failed: Only batch jobs are accepted' >&2; exit 1\n"))
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    lines: list[str] = []
+    code = requeue(scheduler, {variable: "7"}, True, lines.append)
+    expected = ["requeue", "7"] if command == "scontrol" else ["7"]
+    assert record.read_text().split()[1:] == expected
+    if ok:
+        assert code == 0 and lines[-1].startswith("requeued job 7")
+    else:
+        assert code == PREEMPTED_EXIT_CODE and "Only batch jobs are accepted" in lines[-1]
