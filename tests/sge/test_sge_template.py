@@ -209,7 +209,10 @@ def test_killed_worker_is_named_and_fails_the_job(sge_cluster: SgeTestCluster, w
     assert_nothing_left(sge_cluster)
 
 
-PARSE = "from cluster_parsers.sge import SgeParser; i = SgeParser().parse(); print('parsed', i.nodes, i.rank, i.node_index)"
+PARSE = """from cluster_parsers.sge import SgeParser
+info = SgeParser().parse()
+print("parsed", *info.nodes, info.rank, info.node_index, flush=True)
+"""
 
 
 def test_parser_accepts_a_qrsh_inherit_task(sge_cluster: SgeTestCluster, tmp_path: Path) -> None:
@@ -217,10 +220,11 @@ def test_parser_accepts_a_qrsh_inherit_task(sge_cluster: SgeTestCluster, tmp_pat
     script = f"""#!/bin/bash
 #$ -S /bin/bash
 for h in $(awk '{{ print $1 }}' "$PE_HOSTFILE"); do
-    qrsh -inherit -V "$h" {sys.executable} -c '"{PARSE}"' < /dev/null
+    qrsh -inherit -V "$h" {sys.executable} {tmp_path / "parse.py"} < /dev/null
 done
 """
     out = tmp_path / "parse.out"
+    (tmp_path / "parse.py").write_text(PARSE)
     job = sge_cluster.qsub(script, "-pe", PE_NAME, "3", "-V", "-j", "y", "-o", str(out), cwd=tmp_path)
     result = sge_cluster.wait_job(job, timeout=120)
     text = out.read_text()
@@ -229,4 +233,6 @@ done
         pytest.xfail("cluster_parsers/sge.py refuses the per-host NSLOTS of a qrsh -inherit "
                      "task; once this passes, remove PYTHON_WRAPPER")
     parsed = [line.split() for line in text.splitlines() if line.startswith("parsed")]
-    assert result.exit_status == 0 and len(parsed) == 3 and error_lines(text) == [], text
+    assert result.exit_status == 0 and error_lines(text) == [], text
+    # Each host finds itself in the job's host list: ranks 0, 1, 2 in PE_HOSTFILE order.
+    assert sorted((row[-2], row[-1]) for row in parsed) == [("0", "0"), ("1", "1"), ("2", "2")], text
