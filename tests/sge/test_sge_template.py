@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "scripts" / "sge" / "ps-per-node.sge"
 DIGITS = REPO / "examples" / "digits_distrib.py"
 NODES = ["n1", "n2", "n3"]
-TIMEOUT = 300  # per job: seven TensorFlow processes share two cores
+TIMEOUT = 600  # per job, a hang bound: seven TensorFlow processes share two (busy) cores
 # TensorFlow's C++ start-up chatter, prefixed by the launcher.
 NOISE = re.compile(r"^\[[^\]]+\] ([IWE]\d{4} |WARNING: All log messages)")
 PREFIX = re.compile(r"^\[(n\d) ([a-z]+(?::\d+)?)\] ")
