@@ -1,4 +1,4 @@
-"""Marks each test by its folder: tests/unit, tests/local, tests/slurm."""
+"""Marks each test by its folder: tests/unit, tests/local, tests/slurm, tests/sge."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-_FOLDER_MARKS = {"unit": pytest.mark.unit, "local": pytest.mark.local, "slurm": pytest.mark.slurm}
+_FOLDER_MARKS = {"unit": pytest.mark.unit, "local": pytest.mark.local, "slurm": pytest.mark.slurm,
+                "sge": pytest.mark.sge}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -159,7 +159,7 @@ class SgeTestCluster(SlurmTestCluster):
     # ---------------------------------------------------------------- clients
     def qconf(self, *args: str, input: str | None = None) -> str:
         """Run ``qconf ARGS`` in the head namespace; raise with its output on failure."""
-        p = self.head(["qconf", *args], timeout=60, input=input)
+        p = self.head(["qconf", *args], timeout=120, input=input)
         if p.returncode != 0:
             raise SgeClusterError(f"qconf {' '.join(args)} failed ({p.returncode}): "
                                   f"{(p.stderr + p.stdout).strip()}")
@@ -186,7 +186,7 @@ class SgeTestCluster(SlurmTestCluster):
 
     def job_running(self, job_id: int) -> bool:
         """True while qmaster knows the job (pending, running or being torn down)."""
-        return self.head(["qstat", "-j", str(job_id)], timeout=30).returncode == 0
+        return self.head(["qstat", "-j", str(job_id)], timeout=60).returncode == 0
 
     def wait_job(self, job_id: int | str, timeout: float = 60) -> SgeJobResult:
         """Wait until the job has left qstat and its accounting record exists; return it.
@@ -201,7 +201,7 @@ class SgeTestCluster(SlurmTestCluster):
             time.sleep(0.2)
         # The accounting record follows the job's end within accounting_flush_time (0 here).
         while True:
-            p = self.head(["qacct", "-j", str(job_id)], timeout=30)
+            p = self.head(["qacct", "-j", str(job_id)], timeout=60)
             fields = dict(line.split(None, 1) for line in p.stdout.splitlines()
                           if len(line.split(None, 1)) == 2)
             if p.returncode == 0 and "exit_status" in fields:
@@ -213,7 +213,7 @@ class SgeTestCluster(SlurmTestCluster):
 
     def exec_hosts(self) -> dict[str, str]:
         """``qhost``'s hosts and their load average ("-" until the host's execd reports)."""
-        p = self.head(["qhost"], timeout=30)
+        p = self.head(["qhost"], timeout=60)
         hosts = {}
         for line in p.stdout.splitlines()[3:]:  # header, dashes, "global"
             fields = line.split()
@@ -223,7 +223,7 @@ class SgeTestCluster(SlurmTestCluster):
 
     def queue_states(self) -> dict[str, str]:
         """Each queue instance of all.q and its state letters ("" when usable)."""
-        p = self.head(["qstat", "-f", "-q", QUEUE], timeout=30)
+        p = self.head(["qstat", "-f", "-q", QUEUE], timeout=60)
         states = {}
         for line in p.stdout.splitlines():
             fields = line.split()
@@ -403,11 +403,13 @@ h_vmem                INFINITY
             parts.append(f"  {path}:\n{_tail(path, 8)}")
         return "\n".join(parts)
 
-    def start(self, timeout: float = 60, lock_timeout: float = 600) -> None:
+    def start(self, timeout: float = 300, lock_timeout: float = 600) -> None:
         """Bring the cluster up; wait until qhost reports every host and all.q is usable.
 
         Leftovers of a crashed run with the same prefix are removed first. On failure the
         cluster is torn down and SgeClusterError carries the tail of the daemons' logs.
+        The timeout is a hang bound: it takes 1-6 s on an idle 2-core machine, but SGE's
+        clients take 10-20 s each when the machine is overloaded (load average 1000+).
         """
         t0 = time.monotonic()
         self._acquire_lock(lock_timeout)
@@ -419,7 +421,7 @@ h_vmem                INFINITY
             self._init_spool()
             self._create_network()
             self._start_sge_daemon("head", "sge_qmaster")
-            self._wait_for(lambda: self.head(["qconf", "-sh"], timeout=10).returncode == 0,
+            self._wait_for(lambda: self.head(["qconf", "-sh"], timeout=60).returncode == 0,
                            t0 + timeout, "sge_qmaster to answer")
             self._configure()
             for node in self.node_names:
