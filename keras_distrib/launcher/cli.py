@@ -54,7 +54,8 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler")}
+    flags = {k: getattr(args, k) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace")}
+    flags["scheduler"] = getattr(args, "scheduler", None)  # no --scheduler in local mode
     return validate(options.merged(flags))
 
 
