@@ -49,10 +49,15 @@ class JobInfo:
     #: False when ``tasks_per_node`` counts allocated slots and no task launcher (srun,
     #: mpirun, jsrun, pbsdsh) said how many tasks it started, e.g. in a PBS job script.
     tasks_launched: bool = True
+    #: The scheduler's slots per node (``tasks_per_node`` when the parser gives none); in
+    #: the agent mode ``tasks_per_node`` is all 1 while this keeps the allocation.
+    slots_per_node: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if not self.node_gpus:
             object.__setattr__(self, "node_gpus", tuple(() for _ in self.nodes))
+        if not self.slots_per_node:
+            object.__setattr__(self, "slots_per_node", tuple(self.tasks_per_node))
 
     @property
     def num_nodes(self) -> int:

@@ -50,6 +50,7 @@ class LsfParser(ClusterParser):
             node_index=tasks.node_index,
             tasks_source=tasks.source,
             tasks_launched=tasks.launched,
+            slots_per_node=tuple(slots),
             node_gpus=tuple(gpus for _ in nodes),
         )
 

@@ -55,6 +55,7 @@ class PbsParser(ClusterParser):
             node_index=tasks.node_index,
             tasks_source=tasks.source,
             tasks_launched=tasks.launched,
+            slots_per_node=tuple(slots),
             node_gpus=tuple(gpus for _ in nodes),
         )
 

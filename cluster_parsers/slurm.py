@@ -82,6 +82,7 @@ class SlurmParser(ClusterParser):
             node_index=tasks.node_index,
             tasks_source=tasks.source,
             tasks_launched=tasks.launched,
+            slots_per_node=tuple(slots),
             node_gpus=tuple(gpus for _ in nodes),
         )
 

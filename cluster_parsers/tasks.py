@@ -133,8 +133,10 @@ def launched_tasks(
     """Apply the rule of this module.
 
     ``slots`` are the scheduler's slots per node, described by ``source`` in messages;
-    ``slot_hosts`` (one host per slot, in the scheduler's order) places a task per slot
-    when the file interleaves hosts; ``this_node`` is the scheduler's word for this task's
+    ``slot_hosts`` (one host per line of the scheduler's file) places ``slot_rank``, which
+    numbers those lines even when they interleave hosts; a launcher's ranks instead fill
+    each node's slots before the next node's (Open MPI's mpirun(1) mapping by slot, jsrun's
+    resource sets host by host); ``this_node`` is the scheduler's word for this task's
     node when no launcher ran (PBS_NODENUM); ``slot_rank`` is a scheduler's own slot index
     for this task (PBS_VNODENUM), which does not say how many tasks were started.
     """
@@ -142,8 +144,8 @@ def launched_tasks(
     total = sum(slots)
     host_index = local_host_index(nodes, env)
 
-    def per_slot(rank: int, origin: str) -> tuple[int, int]:
-        if slot_hosts is not None:
+    def per_slot(rank: int, origin: str, by_line: bool = False) -> tuple[int, int]:
+        if by_line and slot_hosts is not None:
             return place_slot(rank, slot_hosts, nodes, origin)
         if not 0 <= rank < total:
             raise ClusterConfigError(
@@ -154,7 +156,7 @@ def launched_tasks(
 
     if launcher is None:
         if slot_rank is not None:
-            node_index, local_rank = per_slot(slot_rank, source)
+            node_index, local_rank = per_slot(slot_rank, source, by_line=True)
             return Tasks(tuple(slots), slot_rank, local_rank, node_index, False, source)
         node_index = this_node if this_node is not None else host_index or 0
         return Tasks(tuple(slots), sum(slots[:node_index]), 0, node_index, False, source)

@@ -314,3 +314,23 @@ def test_readme_gpu_paragraph_matches_the_code() -> None:
     order = [paragraph.index(f"`{v}`") for v in (*SlurmParser.gpu_vars, SlurmParser.gpu_count_var)]
     assert order == sorted(order)
     assert "ConstrainDevices" in paragraph
+
+
+def test_mpi_ranks_fill_each_node_even_when_the_nodefile_interleaves(tmp_path: Path) -> None:
+    # PBS writes one line per slot, possibly round-robin; Open MPI's mpirun(1) maps ranks by
+    # slot, filling a node before the next. pbsdsh's PBS_VNODENUM numbers the lines.
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("cn1\ncn2\ncn1\ncn2\n")
+    base = {"PBS_JOBID": "7.s", "PBS_NODEFILE": str(nodefile)}
+    placed = [parse_job("pbs", {**base, **open_mpi(r, 4, 2)}) for r in range(4)]
+    assert [(j.node, j.local_rank) for j in placed] == [("cn1", 0), ("cn1", 1), ("cn2", 0), ("cn2", 1)]
+    by_line = [parse_job("pbs", {**base, "PBS_VNODENUM": str(v)}) for v in range(4)]
+    assert [j.node for j in by_line] == ["cn1", "cn2", "cn1", "cn2"]
+
+
+def test_agent_mode_keeps_the_slots() -> None:
+    job = parse_job(environ=fixture_env("sge_mpirun_ppr1"))
+    assert (job.tasks_per_node, job.slots_per_node) == ((1, 1), (4, 4))
+    job = parse_job(environ=fixture_env("lsf_jsrun_r1_a1"))
+    assert (job.tasks_per_node, job.slots_per_node) == ((1, 1), (4, 4))
+    assert parse_job(environ=fixture_env("sge_host_in_two_queues")).slots_per_node == (16,)
