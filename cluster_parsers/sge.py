@@ -17,6 +17,7 @@ class SgeParser(ClusterParser):
     job_id_var = "JOB_ID"
     hostfile_var = "PE_HOSTFILE"
     slots_var = "NSLOTS"
+    hosts_var = "NHOSTS"
     gpu_vars = ("CUDA_VISIBLE_DEVICES", "SGE_HGR_gpu")
 
     def is_present(self) -> bool:
@@ -34,7 +35,7 @@ class SgeParser(ClusterParser):
         source = f"{self.hostfile_var}={path!r}"
         slots_of = self._host_slots(path, source)
         nodes, slots = list(slots_of), list(slots_of.values())
-        if self.env.get(self.slots_var) and self.int_var(self.slots_var) != sum(slots):
+        if self.env.get(self.slots_var) and not self._slots_agree(self.int_var(self.slots_var), slots):
             raise ClusterConfigError(
                 f"{self.slots_var}={self.env[self.slots_var]} but {self.hostfile_var} lists {sum(slots)} slot(s).",
                 "NSLOTS and PE_HOSTFILE must come from the same job.",
@@ -58,6 +59,14 @@ class SgeParser(ClusterParser):
             slots_per_node=tuple(slots),
             node_gpus=tuple(gpus for _ in nodes),
         )
+
+    def _slots_agree(self, nslots: int, slots: list[int]) -> bool:
+        """NSLOTS is the job's total, except in a task started by ``qrsh -inherit HOST``:
+        there SGE sets NSLOTS and NHOSTS=1 for that host alone, while the inherited
+        PE_HOSTFILE still lists the whole job (seen on Son of Grid Engine 8.1.9)."""
+        if nslots == sum(slots):
+            return True
+        return self.env.get(self.hosts_var) == "1" and nslots in slots
 
     def _host_slots(self, path: str, source: str) -> dict[str, int]:
         """Slots per host in file order; a host in several queues is one node (sge_pe(5))."""

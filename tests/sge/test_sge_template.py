@@ -29,14 +29,9 @@ TIMEOUT = 600  # per job, a hang bound: seven TensorFlow processes share two (bu
 NOISE = re.compile(r"^\[[^\]]+\] ([IWE]\d{4} |WARNING: All log messages)")
 PREFIX = re.compile(r"^\[(n\d) ([a-z]+(?::\d+)?)\] ")
 
-# WORKAROUND (tests only) for a parser bug seen on this real SGE: a task started with
-# `qrsh -inherit` gets NSLOTS = the slots of ITS host (1 here), even with -V, while the
-# PE_HOSTFILE it inherits lists the whole job (3 slots), and cluster_parsers/sge.py refuses
-# the mismatch ("NSLOTS=1 but PE_HOSTFILE lists 3 slot(s)"). The template's PYTHON hook
-# runs this wrapper instead of python. Remove it once test_parser_accepts_a_qrsh_inherit_task
-# passes instead of xfailing.
+# Debian's SGE runs jobs as login shells (PATH reset): the template's PYTHON hook
+# points at this wrapper so jobs use the test's interpreter.
 PYTHON_WRAPPER = f"""#!/bin/sh
-unset NSLOTS
 exec {sys.executable} "$@"
 """
 
@@ -228,10 +223,6 @@ done
     job = sge_cluster.qsub(script, "-pe", PE_NAME, "3", "-V", "-j", "y", "-o", str(out), cwd=tmp_path)
     result = sge_cluster.wait_job(job, timeout=120)
     text = out.read_text()
-    if "NSLOTS=1 but PE_HOSTFILE lists 3 slot(s)" in text:
-        # Known: SGE sets NSLOTS to the task's own host's slots under qrsh -inherit.
-        pytest.xfail("cluster_parsers/sge.py refuses the per-host NSLOTS of a qrsh -inherit "
-                     "task; once this passes, remove PYTHON_WRAPPER")
     parsed = [line.split() for line in text.splitlines() if line.startswith("parsed")]
     assert result.exit_status == 0 and error_lines(text) == [], text
     # Each host finds itself in the job's host list: ranks 0, 1, 2 in PE_HOSTFILE order.

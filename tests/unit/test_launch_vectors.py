@@ -334,3 +334,17 @@ def test_agent_mode_keeps_the_slots() -> None:
     job = parse_job(environ=fixture_env("lsf_jsrun_r1_a1"))
     assert (job.tasks_per_node, job.slots_per_node) == ((1, 1), (4, 4))
     assert parse_job(environ=fixture_env("sge_host_in_two_queues")).slots_per_node == (16,)
+
+
+@pytest.mark.parametrize("host", ["n1", "n2", "n3"])
+def test_sge_qrsh_inherit_task_sees_its_own_hosts_slots(host: str) -> None:
+    # Real SGE 8.1.9 (tests/sge): NSLOTS=1 NHOSTS=1 in each `qrsh -inherit` task of a 3-slot job.
+    job = parse_job(environ=fixture_env("sge_qrsh_inherit", HOSTNAME=host))
+    assert job.nodes == ("n1", "n2", "n3")
+    assert job.node_index == ["n1", "n2", "n3"].index(host)
+
+
+def test_sge_nslots_of_another_job_is_still_refused() -> None:
+    env = fixture_env("sge_qrsh_inherit", NHOSTS="3", NSLOTS="5")
+    with pytest.raises(ClusterConfigError, match="NSLOTS=5 but PE_HOSTFILE lists 3"):
+        parse_job(environ=env)
