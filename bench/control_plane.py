@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import socket
 import statistics
 import sys
 import tempfile
@@ -157,7 +158,21 @@ def local_work(nodes: int, workdir: str) -> float:
     return elapsed
 
 
+def free_port_base() -> int:
+    """A port base whose block (chief, ps, worker, control port on node 0) is free now."""
+    from keras_distrib.launcher.prestart import taken_port
+
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            base = sock.getsockname()[1] - 3
+        if base > 1024 and not any(taken_port(base + i) for i in range(4)):
+            return base
+
+
 def measure(nodes: int) -> dict[str, float]:
+    global PORT_BASE
+    PORT_BASE = free_port_base()  # the forked agents inherit it
     ctx = mp.get_context("fork")
     options = Options(startup_timeout=300.0)
     with tempfile.TemporaryDirectory() as workdir:
