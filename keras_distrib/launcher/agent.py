@@ -275,7 +275,7 @@ class Agent:
 
     def on_startup(self, unreachable: list[Process]) -> int | None:
         if unreachable and not self.stopping:
-            listing = ", ".join(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
+            listing = control.first_few(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
             return self.fail(
                 f"after {self.options.startup_timeout:.0f} s these TF servers are still unreachable: {listing}. "
                 "HINT: check that each name resolves to the right address on every node (getent hosts NODE), "
