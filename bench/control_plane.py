@@ -36,6 +36,7 @@ from _harness import Comparison, parser, print_table, save
 from cluster_parsers import JobInfo
 from keras_distrib import contract
 from keras_distrib.launcher import agent as agent_module
+from keras_distrib.launcher import control
 from keras_distrib.launcher.agent import Agent, AgentSpec, plan_digest
 from keras_distrib.launcher.options import Options
 from keras_distrib.plan import build_plan
@@ -92,12 +93,16 @@ def make_agent(agent_id: int, nodes: int, job: JobInfo, plan: Any, plan_file: Pa
 
 
 def shared_state(nodes: int, workdir: str) -> tuple[JobInfo, Any, Path]:
-    """Plan, memoised digest and plan file shared by the agents simulated in one process."""
+    """Plan, memoised digest and plan file shared by the simulated agents (inherited by fork)."""
     job = job_of(nodes)
     plan = build_plan(job, LAYOUT, PORT_BASE)
     digest = plan_digest(plan)
     agent_module.plan_digest = lambda _plan: digest  # computed once here instead of N times
+    # N agents share this machine's cores, so one may wait far longer for a time slice
+    # than a real node would: the per-connection authentication deadline is relaxed.
+    control.HANDSHAKE_TIMEOUT = 300.0
     SHARED["cluster_json"] = json.dumps(plan.cluster_spec())
+    SimulatedAgent.node_processes = {}
     for proc in plan.processes:
         SimulatedAgent.node_processes.setdefault(proc.node_index, []).append(proc)
     return job, plan, contract.write_plan_file(json.dumps(plan.to_json()), workdir)
@@ -105,7 +110,7 @@ def shared_state(nodes: int, workdir: str) -> tuple[JobInfo, Any, Path]:
 
 def run_agent0(nodes: int, workdir: str, options: Options, out: Any) -> None:
     os.chdir(workdir)
-    job, plan, plan_file = shared_state(nodes, workdir)
+    job, plan, plan_file = SHARED["state"]
     agent = make_agent(0, nodes, job, plan, plan_file, options)
     agent.form_job()
     formed = time.time()
@@ -121,7 +126,7 @@ def run_workers(nodes: int, ids: list[int], workdir: str, options: Options, out:
     os.chdir(workdir)
     threading.stack_size(256 * 1024)
     sys.setswitchinterval(0.05)
-    job, plan, plan_file = shared_state(nodes, workdir)
+    job, plan, plan_file = SHARED["state"]
     results: list[tuple[float, list[float]]] = []
     errors: list[str] = []
 
@@ -176,6 +181,8 @@ def measure(nodes: int) -> dict[str, float]:
     ctx = mp.get_context("fork")
     options = Options(startup_timeout=300.0)
     with tempfile.TemporaryDirectory() as workdir:
+        # Computed once here; every forked process (agent 0 included) inherits it.
+        SHARED["state"] = shared_state(nodes, workdir)
         out = ctx.Queue()
         agent0 = ctx.Process(target=run_agent0, args=(nodes, workdir, options, out), daemon=True)
         agent0.start()
