@@ -179,7 +179,7 @@ def measure(nodes: int) -> dict[str, float]:
     global PORT_BASE
     PORT_BASE = free_port_base()  # the forked agents inherit it
     ctx = mp.get_context("fork")
-    options = Options(startup_timeout=300.0)
+    options = Options(startup_timeout=300.0, heartbeat_timeout=300.0)  # see HANDSHAKE_TIMEOUT above
     with tempfile.TemporaryDirectory() as workdir:
         # Computed once here; every forked process (agent 0 included) inherits it.
         SHARED["state"] = shared_state(nodes, workdir)
