@@ -114,6 +114,7 @@ def run_agent0(nodes: int, workdir: str, options: Options, out: Any) -> None:
     agent = make_agent(0, nodes, job, plan, plan_file, options)
     agent.form_job()
     formed = time.time()
+    print(f"  agent 0: {nodes} agents formed the job", file=sys.stderr, flush=True)
     agent.start(agent.my_processes())
     out.put(("agent0", [c.started for c in agent.children], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, formed))
     time.sleep(1.0)  # let the start message drain before the stop order
@@ -240,8 +241,9 @@ def main() -> None:
         for n in sizes[1:]:
             comparisons[n].a.append(rows[n][-1]["last_agent_to_all_children_s"])
             comparisons[n].b.append(rows[base][-1]["last_agent_to_all_children_s"])
-    print_table("Control plane: last agent's start -> every child started (simulated agents, real agent code)",
-                list(comparisons.values()))
+    if comparisons:
+        print_table("Control plane: last agent's start -> every child started (simulated agents, real agent code)",
+                    list(comparisons.values()))
     for n in sizes:
         last = rows[n][-1]
         print(f"  {n:>6} agents: {last['children']:.0f} children, last agent -> job formed "
@@ -249,7 +251,12 @@ def main() -> None:
               f"{statistics.median(r['last_agent_to_all_children_s'] for r in rows[n]):.2f} s, agent 0 peak RSS "
               f"{max(r['agent0_peak_rss_mib'] for r in rows[n]):.0f} MiB, per-node local work "
               f"{statistics.median(r['per_node_local_work_s'] for r in rows[n]):.3f} s")
-    save("control_plane", list(comparisons.values()), {"rows": {str(n): rows[n] for n in sizes}}, args.out)
+    extra = {"rows": {str(n): rows[n] for n in sizes}}
+    if comparisons:
+        save("control_plane", list(comparisons.values()), extra, args.out)
+    else:  # one size (e.g. --sizes 10000): nothing to compare, the figures alone
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "control_plane.json").write_text(json.dumps({"benchmark": "control_plane", **extra}, indent=2))
 
 
 if __name__ == "__main__":
