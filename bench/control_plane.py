@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import socket
 import statistics
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from _harness import Comparison, parser, print_table, save
 from cluster_parsers import JobInfo
 from keras_distrib import contract
 from keras_distrib.launcher import agent as agent_module
+from keras_distrib.launcher import control
 from keras_distrib.launcher.agent import Agent, AgentSpec, plan_digest
 from keras_distrib.launcher.options import Options
 from keras_distrib.plan import build_plan
@@ -91,12 +93,16 @@ def make_agent(agent_id: int, nodes: int, job: JobInfo, plan: Any, plan_file: Pa
 
 
 def shared_state(nodes: int, workdir: str) -> tuple[JobInfo, Any, Path]:
-    """Plan, memoised digest and plan file shared by the agents simulated in one process."""
+    """Plan, memoised digest and plan file shared by the simulated agents (inherited by fork)."""
     job = job_of(nodes)
     plan = build_plan(job, LAYOUT, PORT_BASE)
     digest = plan_digest(plan)
     agent_module.plan_digest = lambda _plan: digest  # computed once here instead of N times
+    # N agents share this machine's cores, so one may wait far longer for a time slice
+    # than a real node would: the per-connection authentication deadline is relaxed.
+    control.HANDSHAKE_TIMEOUT = 300.0
     SHARED["cluster_json"] = json.dumps(plan.cluster_spec())
+    SimulatedAgent.node_processes = {}
     for proc in plan.processes:
         SimulatedAgent.node_processes.setdefault(proc.node_index, []).append(proc)
     return job, plan, contract.write_plan_file(json.dumps(plan.to_json()), workdir)
@@ -104,10 +110,11 @@ def shared_state(nodes: int, workdir: str) -> tuple[JobInfo, Any, Path]:
 
 def run_agent0(nodes: int, workdir: str, options: Options, out: Any) -> None:
     os.chdir(workdir)
-    job, plan, plan_file = shared_state(nodes, workdir)
+    job, plan, plan_file = SHARED["state"]
     agent = make_agent(0, nodes, job, plan, plan_file, options)
     agent.form_job()
     formed = time.time()
+    print(f"  agent 0: {nodes} agents formed the job", file=sys.stderr, flush=True)
     agent.start(agent.my_processes())
     out.put(("agent0", [c.started for c in agent.children], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, formed))
     time.sleep(1.0)  # let the start message drain before the stop order
@@ -120,7 +127,7 @@ def run_workers(nodes: int, ids: list[int], workdir: str, options: Options, out:
     os.chdir(workdir)
     threading.stack_size(256 * 1024)
     sys.setswitchinterval(0.05)
-    job, plan, plan_file = shared_state(nodes, workdir)
+    job, plan, plan_file = SHARED["state"]
     results: list[tuple[float, list[float]]] = []
     errors: list[str] = []
 
@@ -157,10 +164,26 @@ def local_work(nodes: int, workdir: str) -> float:
     return elapsed
 
 
+def free_port_base() -> int:
+    """A port base whose block (chief, ps, worker, control port on node 0) is free now."""
+    from keras_distrib.launcher.prestart import taken_port
+
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            base = sock.getsockname()[1] - 3
+        if base > 1024 and not any(taken_port(base + i) for i in range(4)):
+            return base
+
+
 def measure(nodes: int) -> dict[str, float]:
+    global PORT_BASE
+    PORT_BASE = free_port_base()  # the forked agents inherit it
     ctx = mp.get_context("fork")
-    options = Options(startup_timeout=300.0)
+    options = Options(startup_timeout=300.0, heartbeat_timeout=300.0)  # see HANDSHAKE_TIMEOUT above
     with tempfile.TemporaryDirectory() as workdir:
+        # Computed once here; every forked process (agent 0 included) inherits it.
+        SHARED["state"] = shared_state(nodes, workdir)
         out = ctx.Queue()
         agent0 = ctx.Process(target=run_agent0, args=(nodes, workdir, options, out), daemon=True)
         agent0.start()
@@ -218,8 +241,9 @@ def main() -> None:
         for n in sizes[1:]:
             comparisons[n].a.append(rows[n][-1]["last_agent_to_all_children_s"])
             comparisons[n].b.append(rows[base][-1]["last_agent_to_all_children_s"])
-    print_table("Control plane: last agent's start -> every child started (simulated agents, real agent code)",
-                list(comparisons.values()))
+    if comparisons:
+        print_table("Control plane: last agent's start -> every child started (simulated agents, real agent code)",
+                    list(comparisons.values()))
     for n in sizes:
         last = rows[n][-1]
         print(f"  {n:>6} agents: {last['children']:.0f} children, last agent -> job formed "
@@ -227,7 +251,12 @@ def main() -> None:
               f"{statistics.median(r['last_agent_to_all_children_s'] for r in rows[n]):.2f} s, agent 0 peak RSS "
               f"{max(r['agent0_peak_rss_mib'] for r in rows[n]):.0f} MiB, per-node local work "
               f"{statistics.median(r['per_node_local_work_s'] for r in rows[n]):.3f} s")
-    save("control_plane", list(comparisons.values()), {"rows": {str(n): rows[n] for n in sizes}}, args.out)
+    extra = {"rows": {str(n): rows[n] for n in sizes}}
+    if comparisons:
+        save("control_plane", list(comparisons.values()), extra, args.out)
+    else:  # one size (e.g. --sizes 10000): nothing to compare, the figures alone
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "control_plane.json").write_text(json.dumps({"benchmark": "control_plane", **extra}, indent=2))
 
 
 if __name__ == "__main__":

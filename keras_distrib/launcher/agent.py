@@ -288,7 +288,7 @@ class Agent:
 
     def on_startup(self, unreachable: list[Process]) -> int | None:
         if unreachable and not self.stopping:
-            listing = ", ".join(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
+            listing = control.first_few(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
             what = ("JAX processes never reached keras_distrib.distribution()" if self.plan.layout in JAX_LAYOUTS
                     else "TF servers are still unreachable")
             return self.fail(

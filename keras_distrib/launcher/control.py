@@ -41,6 +41,8 @@ HANDSHAKE_TIMEOUT = 10.0
 # How long a send to one peer may block before that peer counts as lost.
 SEND_TIMEOUT = 10.0
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+# How long a connected agent waits for agent 0's nonce before it reconnects.
+GREETING_TIMEOUT = 60.0
 # Listen backlog: thousands of agents connect at once (the kernel caps it at somaxconn).
 BACKLOG = 65535
 # A lost peer (no heartbeat) is reported with this message.
@@ -374,6 +376,9 @@ class ControlClient:
         while True:
             try:
                 self._sock = socket.create_connection((host, port), timeout=min(5.0, timeout))
+                # Accepted by the kernel, maybe not yet by a busy agent 0: wait for its nonce
+                # rather than reconnect (thousands of reconnects would only add to its load).
+                self._sock.settimeout(max(1.0, min(GREETING_TIMEOUT, deadline - time.monotonic())))
                 self._stream = self._sock.makefile("rb")
                 greeting = json.loads(self._stream.readline(MAX_MESSAGE) or b"null")
                 if not isinstance(greeting, dict) or not isinstance(greeting.get("nonce"), str):

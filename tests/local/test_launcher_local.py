@@ -162,3 +162,29 @@ def test_bad_requests_fail_before_starting_anything(tmp_path: Path, args: list[s
     assert expected in out.stderr and "HINT:" in out.stderr
     assert "Traceback" not in out.stderr
     assert "serving" not in out.stdout
+
+
+def test_ctrl_c_works_when_the_launcher_inherited_ignore_sigint(tmp_path: Path) -> None:
+    """`launcher &` from a script ignores SIGINT; the children must still get it (issue 14)."""
+    (tmp_path / "long.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "keras_distrib.local", "--nodes", "1", "--port-base", "24900", "long.py"],
+        cwd=tmp_path, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    try:
+        assert proc.stdout is not None
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if "started" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines) + out
+    assert proc.returncode == 130, out
+    assert "[local0 chief:0] interrupted (KeyboardInterrupt)" in out and "Traceback" not in out
+    assert "absl::InitializeLog" not in out and "oneDNN" not in out  # banners filtered

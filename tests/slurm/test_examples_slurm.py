@@ -34,7 +34,8 @@ def test_digits_example_through_the_sbatch_template(slurm_cluster: SlurmTestClus
 
 def test_digits_example_allreduce_through_srun(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
     run = slurm_cluster.head(
-        ["srun", "-N2", "--ntasks-per-node=1", "--cpus-per-task=2", *LAUNCH, "--layout", "allreduce",
+        # --verbose: worker 1 is quiet by default, and its result line is compared here.
+        ["srun", "-N2", "--ntasks-per-node=1", "--cpus-per-task=2", *LAUNCH, "--layout", "allreduce", "--verbose",
          str(DIGITS), "--epochs", "3", "--json"],
         cwd=tmp_path, timeout=TIMEOUT,
     )

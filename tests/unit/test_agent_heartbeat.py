@@ -36,17 +36,16 @@ def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pyte
                                                capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)  # the job secret file goes here
     job = JobInfo("slurm", "99", ("localhost", "n2", "n3"), (1, 1, 1))
-    options = Options(startup_timeout=20.0, heartbeat_timeout=1.5)
+    options = Options(startup_timeout=120.0, heartbeat_timeout=1.5)
     port_base = free_port_block()
     agents = [make_agent(i, job, port_base, options) for i in range(3)]
-    threads = [threading.Thread(target=a.form_job) for a in agents[1:]]
+    threads = [threading.Thread(target=a.form_job) for a in agents]
     for t in threads:
         t.start()
-    agents[0].form_job()
     for t in threads:
-        t.join(timeout=20)
+        t.join(timeout=120)
     try:
-        assert all(a.client is not None for a in agents[1:])
+        assert agents[0].server is not None and all(a.client is not None for a in agents[1:])
         agents[2].client._closed.set()  # n3 goes silent: no heartbeat, its socket stays open
         started = time.monotonic()
         event: Any = agents[0].events.get(timeout=15)
