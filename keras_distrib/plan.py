@@ -162,14 +162,14 @@ def jax_env(plan: Plan, proc: Process) -> dict[str, str]:
     }
     if proc.gpus:
         env["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in range(len(proc.gpus)))
-    if proc.index == coordinator.index and _is_ip(coordinator.host):
+    if proc.index == coordinator.index and is_ip_address(coordinator.host):
         # JAX's coordinator listens on [::]:port unless told; with --interface (or in
         # local mode) it listens on the chosen address only.
         env["JAX_COORDINATOR_BIND_ADDRESS"] = coordinator.address
     return env
 
 
-def _is_ip(host: str) -> bool:
+def is_ip_address(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
