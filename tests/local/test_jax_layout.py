@@ -105,6 +105,24 @@ def test_killed_process_stops_the_job_with_one_line(tmp_path: Path) -> None:
     assert not alive(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2", parent=proc.pid))
 
 
+def test_sigterm_ends_the_job(tmp_path: Path) -> None:
+    """The launcher forwards SIGTERM during training; every process ends, exit code 143."""
+    script = str(REPO / "examples" / "digits_jax.py")
+    proc = start_local(["--nodes", "2", "--layout", "jax", script, "--epochs", "500", "--verbose", "2"], tmp_path,
+                       **JAX_ENV)
+    try:
+        assert wait_for(lambda: len(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")) == 2, RUN_TIMEOUT / 2)
+        time.sleep(20)  # into training
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "got SIGTERM; forwarded" in out
+    assert not alive(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2", parent=proc.pid))
+
+
 def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
     (tmp_path / "late.py").write_text(
         "import os, time\n"
