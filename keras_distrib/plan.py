@@ -238,7 +238,8 @@ def _check_equal_gpus(job: JobInfo, layout: str) -> None:
         detail = ", ".join(f"{node}={n}" for node, n in counts.items())
         raise ClusterConfigError(
             f"GPU counts differ between nodes ({detail}); layout {layout} needs equal GPUs per worker.",
-            "request the same GPUs on every node (e.g. --gpus-per-node=N) or use --layout worker-per-gpu.",
+            "request the same GPUs on every node (e.g. --gpus-per-node=N) or use --layout "
+            + ("jax-per-gpu." if layout in JAX_LAYOUTS else "worker-per-gpu."),
         )
 
 

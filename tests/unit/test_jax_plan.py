@@ -141,3 +141,12 @@ def test_process_0_is_the_one_that_writes(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setenv(key, value)
     elsewhere = chief_path("out/model.keras")
     assert elsewhere != "out/model.keras" and elsewhere.endswith("/model.keras")
+
+
+def test_unequal_gpus_need_jax_per_gpu() -> None:
+    from cluster_parsers import ClusterConfigError
+
+    unequal = JobInfo("slurm", "113", ("n1", "n2"), (1, 1), node_gpus=(("0", "1"), ("0",)))
+    with pytest.raises(ClusterConfigError, match="use --layout jax-per-gpu"):
+        build_plan(unequal, "jax")
+    assert [p.gpus for p in build_plan(unequal, "jax-per-gpu").processes] == [("0",), ("1",), ("0",)]
