@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import ipaddress
 import os
 import shutil
 import socket
@@ -25,7 +24,7 @@ import threading
 from typing import Any
 
 from .contract import STARTUP_TIMEOUT_VAR
-from .plan import JAX_LAYOUTS, Process
+from .plan import JAX_LAYOUTS, Process, is_ip_address
 from .strategies import NotInJobError, cluster
 
 # JAX's own start-up timeout is 300 s; ours (the launcher's watchdog) must speak first.
@@ -101,7 +100,7 @@ def _scratch_dir() -> str:
 def _announce_joined(proc: Process) -> None:
     """Listen on this process's plan port for the rest of its life: the launcher's
     start-up watchdog counts the process as joined once it answers there."""
-    host = proc.host if _is_ip(proc.host) else ""  # a node name may resolve to 127.0.1.1 locally
+    host = proc.host if is_ip_address(proc.host) else ""  # a node name may resolve to 127.0.1.1 locally
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -114,14 +113,6 @@ def _announce_joined(proc: Process) -> None:
             connection.close()
 
     threading.Thread(target=answer, name="keras-distrib-joined", daemon=True).start()
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 @functools.cache

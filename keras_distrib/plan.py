@@ -162,14 +162,14 @@ def jax_env(plan: Plan, proc: Process) -> dict[str, str]:
     }
     if proc.gpus:
         env["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in range(len(proc.gpus)))
-    if proc.index == coordinator.index and _is_ip(coordinator.host):
+    if proc.index == coordinator.index and is_ip_address(coordinator.host):
         # JAX's coordinator listens on [::]:port unless told; with --interface (or in
         # local mode) it listens on the chosen address only.
         env["JAX_COORDINATOR_BIND_ADDRESS"] = coordinator.address
     return env
 
 
-def _is_ip(host: str) -> bool:
+def is_ip_address(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -239,7 +239,8 @@ def _check_equal_gpus(job: JobInfo, layout: str) -> None:
         detail = ", ".join(f"{node}={n}" for node, n in counts.items())
         raise ClusterConfigError(
             f"GPU counts differ between nodes ({detail}); layout {layout} needs equal GPUs per worker.",
-            "request the same GPUs on every node (e.g. --gpus-per-node=N) or use --layout worker-per-gpu.",
+            "request the same GPUs on every node (e.g. --gpus-per-node=N) or use --layout "
+            + ("jax-per-gpu." if layout in JAX_LAYOUTS else "worker-per-gpu."),
         )
 
 

@@ -289,11 +289,12 @@ class Agent:
     def on_startup(self, unreachable: list[Process]) -> int | None:
         if unreachable and not self.stopping:
             listing = control.first_few(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
-            what = ("JAX processes never reached keras_distrib.distribution()" if self.plan.layout in JAX_LAYOUTS
-                    else "TF servers are still unreachable")
+            jax = self.plan.layout in JAX_LAYOUTS
+            what = "JAX processes never reached keras_distrib.distribution()" if jax else "TF servers are still unreachable"
             return self.fail(
                 f"after {self.options.startup_timeout:.0f} s these {what}: {listing}. "
-                "HINT: check that each name resolves to the right address on every node (getent hosts NODE), "
+                + ("HINT: call keras_distrib.distribution() at the top of SCRIPT; if it is called, check" if jax else "HINT: check")
+                + " that each name resolves to the right address on every node (getent hosts NODE), "
                 "that no firewall blocks the ports, or pick the network with --interface",
                 1,
             )

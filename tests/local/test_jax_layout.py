@@ -105,6 +105,24 @@ def test_killed_process_stops_the_job_with_one_line(tmp_path: Path) -> None:
     assert not alive(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2", parent=proc.pid))
 
 
+def test_sigterm_ends_the_job(tmp_path: Path) -> None:
+    """The launcher forwards SIGTERM during training; every process ends, exit code 143."""
+    script = str(REPO / "examples" / "digits_jax.py")
+    proc = start_local(["--nodes", "2", "--layout", "jax", script, "--epochs", "500", "--verbose", "2"], tmp_path,
+                       **JAX_ENV)
+    try:
+        assert wait_for(lambda: len(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")) == 2, RUN_TIMEOUT / 2)
+        time.sleep(20)  # into training
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert "got SIGTERM; forwarded" in out
+    assert not alive(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2", parent=proc.pid))
+
+
 def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
     (tmp_path / "late.py").write_text(
         "import os, time\n"
@@ -117,3 +135,26 @@ def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
     assert code == 1, "\n".join(lines[-30:])
     named = [line for line in lines if "never reached keras_distrib.distribution()" in line]
     assert len(named) == 1 and "(worker:1 on local1)" in named[0] and "(worker:0 on local0)" not in named[0], lines[-20:]
+
+
+@pytest.mark.parametrize("examples", [1797, 65, 5, 1])
+@pytest.mark.parametrize("batch", [64, 7])
+@pytest.mark.parametrize("processes", [2, 3])
+def test_even_shards_grid(examples: int, batch: int, processes: int) -> None:
+    """Every process gets the same number of equal batches, disjoint, and only each batch's
+    remainder past a multiple of the device count is left out (the examples are ids)."""
+    import tensorflow as tf
+
+    from keras_distrib.jax_distribution import shard_evenly
+
+    data = tf.data.Dataset.range(examples).map(lambda i: (i, -i)).batch(batch)
+    shards = [[(x.numpy().tolist(), y.numpy().tolist()) for x, y in shard_evenly(data, p, processes, processes, 1)]
+              for p in range(processes)]
+    assert len({len(s) for s in shards}) == 1  # the same step count everywhere: no collective waits alone
+    for step in zip(*shards):
+        assert len({len(x) for x, _ in step}) == 1 and len(step[0][0]) > 0
+        assert all(y == [-v for v in x] for x, y in step)  # features and labels stay paired
+    seen = [v for s in shards for x, _ in s for v in x]
+    assert len(seen) == len(set(seen))
+    expected = sum(size - size % processes for size in [batch] * (examples // batch) + [examples % batch] if size)
+    assert len(seen) == expected

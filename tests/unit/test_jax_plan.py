@@ -105,3 +105,48 @@ def test_jax_per_gpu_with_one_task_per_gpu() -> None:
     plan, _ = plan_json(env, "--layout", "jax-per-gpu", module="keras_distrib.slurm")
     assert [(p["node"], p["gpus"], p["env"].get("JAX_LOCAL_DEVICE_IDS")) for p in plan["processes"]] == [
         ("gpu07", ["2"], "0"), ("gpu07", ["3"], "0"), ("gpu08", ["2"], "0"), ("gpu08", ["3"], "0")]
+
+
+def job_env(layout: str, index: int) -> dict[str, str]:
+    plan = build_plan(job(()), layout)
+    proc = plan.find("worker", index)
+    return {"TF_CONFIG": json.dumps(plan.tf_config(proc)), "KERAS_DISTRIB_PLAN": json.dumps(plan.to_json()),
+            **jax_env(plan, proc)}
+
+
+def test_inside_script_the_tensorflow_helpers_refuse_the_jax_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from keras_distrib.jax_distribution import distribution
+    from keras_distrib.strategies import NotInJobError, cluster, strategy
+
+    for key, value in job_env("jax", 1).items():
+        monkeypatch.setenv(key, value)
+    info = cluster()
+    assert (info.layout, info.index, info.is_chief) == ("jax", 1, False)
+    with pytest.raises(NotInJobError, match=r"HINT: call keras_distrib.distribution\(\) before building the model"):
+        strategy()  # keras_distrib.fit resolves its strategy through this
+    for key, value in job_env("allreduce", 0).items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(NotInJobError, match="HINT: launch with --layout jax"):
+        distribution()
+
+
+def test_process_0_is_the_one_that_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from keras_distrib.jax_distribution import chief_path
+    from keras_distrib.strategies import cluster
+
+    for key, value in job_env("jax", 0).items():
+        monkeypatch.setenv(key, value)
+    assert cluster().is_chief and chief_path("out/model.keras") == "out/model.keras"
+    for key, value in job_env("jax", 1).items():
+        monkeypatch.setenv(key, value)
+    elsewhere = chief_path("out/model.keras")
+    assert elsewhere != "out/model.keras" and elsewhere.endswith("/model.keras")
+
+
+def test_unequal_gpus_need_jax_per_gpu() -> None:
+    from cluster_parsers import ClusterConfigError
+
+    unequal = JobInfo("slurm", "113", ("n1", "n2"), (1, 1), node_gpus=(("0", "1"), ("0",)))
+    with pytest.raises(ClusterConfigError, match="use --layout jax-per-gpu"):
+        build_plan(unequal, "jax")
+    assert [p.gpus for p in build_plan(unequal, "jax-per-gpu").processes] == [("0",), ("1",), ("0",)]
