@@ -207,10 +207,12 @@ class ParameterServerTrainer:
             for _ in steps:
                 loss, n, state = strategy.run(replica_step, args=(next(iterator), totals["state"]))
                 totals = step_totals(totals, loss, n, state)
-            # After the last update (its iterations increment is ordered on that variable).
-            with tf.control_dependencies([tf.identity(opt.iterations.value)]):
-                step.assign_add(tf.constant(num_steps, tf.int64))
-            return pack_totals(totals)
+            # Counted last, after the last update (ordered on iterations) and the result, so
+            # a worker lost before that point leaves its closure uncounted.
+            packed = pack_totals(totals)
+            with tf.control_dependencies([packed, tf.identity(opt.iterations.value)]):
+                with tf.control_dependencies([step.assign_add(tf.constant(num_steps, tf.int64))]):
+                    return tf.identity(packed)
 
         return train_chunk
 
