@@ -206,7 +206,7 @@ class AllReduceTrainer(Trainer):
         if self._agree_fn is None:
             @tf.function
             def agree(value: Any) -> Any:
-                return self.strategy.reduce(tf.distribute.ReduceOp.MAX, value, axis=None)
+                return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
 
             self._agree_fn = agree
         return bool(self._agree_fn(tf.constant(1.0 if flag else 0.0)) > 0)
