@@ -63,6 +63,32 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
     return trainer
 
 
+def _single_process(model: Any, strategy: Any) -> bool:
+    """True outside a job: no TF_CONFIG, no trainer yet and no distribution strategy."""
+    import os
+
+    if "TF_CONFIG" in os.environ or model in _TRAINERS:
+        return False
+    from ._common import strategy_kind
+
+    if strategy is None:
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+    return strategy_kind(strategy) is None and not os.environ.get("KERAS_DISTRIB_LAYOUT")
+
+
+def _keras_fit(model: Any, *args: Any, seed: Any = None, checkpoint_dir: str | None = None, **kwargs: Any) -> Any:
+    """Plain ``model.fit`` (outside a job); ``checkpoint_dir`` becomes BackupAndRestore."""
+    import keras
+
+    if args and len(args) == 1 and isinstance(args[0], tuple) and "y" not in kwargs:
+        args = args[0]  # keras_distrib.fit(model, (x, y)) -> model.fit(x, y)
+    if checkpoint_dir:
+        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [keras.callbacks.BackupAndRestore(checkpoint_dir)]
+    return model.fit(*args, **kwargs)
+
+
 def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int | None = None, **kwargs: Any) -> Any:
     """Train a compiled Keras 3 model on the active keras_distrib layout, like ``model.fit``.
 
@@ -75,11 +101,20 @@ def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int |
     ``batch_size``: examples per optimizer update (parameter server: each worker step;
     all-reduce: the global batch, split over the workers). Returns the History.
     """
+    if _single_process(model, strategy):
+        print("keras_distrib: not inside a keras_distrib job: training with Keras model.fit in this process",
+              flush=True)
+        return _keras_fit(model, *args, **kwargs)
     return trainer_for(model, strategy, steps_per_execution=steps_per_execution).fit(*args, **kwargs)
 
 
 def evaluate(model: Any, *args: Any, strategy: Any = None, **kwargs: Any) -> dict[str, float]:
     """Distributed evaluation of every example once, like ``model.evaluate(..., return_dict=True)``."""
+    if _single_process(model, strategy):
+        if args and len(args) == 1 and isinstance(args[0], tuple) and "y" not in kwargs:
+            args = args[0]
+        kwargs.pop("prefix", None)
+        return model.evaluate(*args, return_dict=True, **{"verbose": 0, **kwargs})
     return trainer_for(model, strategy).evaluate(*args, **kwargs)
 
 

@@ -115,3 +115,14 @@ def optimizer_strategy(optimizer: Any) -> Any:
     """The tf.distribute strategy a Keras 3 optimizer was created under (upstream: the
     TensorFlow optimizer keeps it privately; a mismatch fails late inside apply_gradients)."""
     return getattr(optimizer, "_distribution_strategy", None)
+
+
+def redirect_tensorboard(callback: Any, directory: str) -> None:
+    """Move a TensorBoard callback's already-derived writer paths under ``directory``
+    (upstream: TensorBoard computes them from ``log_dir`` in __init__; a non-chief
+    all-reduce worker must not write into the chief's directory)."""
+    import os
+
+    for attr in ("_log_write_dir", "_train_dir", "_val_dir"):
+        if hasattr(callback, attr):
+            setattr(callback, attr, os.path.join(directory, os.path.basename(str(getattr(callback, attr)))))

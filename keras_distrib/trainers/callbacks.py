@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+from . import _private_apis as private
+
 
 def resolve_verbose(verbose: Any) -> int:
     """Keras' rule: "auto" means 1."""
@@ -33,7 +35,7 @@ def needs_batch_logs(callbacks: Any) -> bool:
              "on_test_batch_end")
     for cb in callbacks.callbacks:
         if isinstance(cb, keras.callbacks.ProgbarLogger):
-            if cb.verbose == 1 or (cb.verbose == "auto"):
+            if cb.verbose in (1, "auto"):
                 return True
             continue
         if any(getattr(type(cb), h, None) is not getattr(base, h) for h in hooks):
@@ -53,9 +55,7 @@ def redirect_writers(callbacks: Sequence[Any], tmpdir: str) -> None:
             cb.filename = os.path.join(sub, os.path.basename(str(cb.filename)))
         elif isinstance(cb, keras.callbacks.TensorBoard):
             cb.log_dir = sub
-            for attr in ("_log_write_dir", "_train_dir", "_val_dir"):
-                if hasattr(cb, attr):
-                    setattr(cb, attr, os.path.join(sub, os.path.basename(str(getattr(cb, attr)))))
+            private.redirect_tensorboard(cb, sub)
         elif isinstance(cb, keras.callbacks.BackupAndRestore):
             cb.backup_dir = sub
         else:

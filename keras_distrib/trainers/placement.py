@@ -123,8 +123,11 @@ def build(model_fn: Callable[[], Any], strategy: Any = None) -> Any:
     variables are built too, so they are placed while the planner is active. For a
     non-parameter-server strategy this is just ``with strategy.scope(): model_fn()``.
     """
-    from ._common import resolve_strategy
+    from ._common import resolve_strategy, strategy_kind
 
+    if strategy is not None and strategy_kind(strategy) is None:  # single process (outside a job)
+        with strategy.scope():
+            return _finish(model_fn())
     strategy = resolve_strategy(strategy, allow=("ps", "allreduce"))
     num_ps = _num_ps(strategy)
     if num_ps < 2:

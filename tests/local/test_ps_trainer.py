@@ -351,16 +351,22 @@ def test_converges_like_single_process(strategy: Any, digits: Any) -> None:
     assert dist_acc >= single_acc - 0.01, (single_accs, dist_accs)
 
 
-def test_errors_outside_job_and_wrong_layout(strategy: Any) -> None:
+def test_errors_outside_job_and_wrong_layout(strategy: Any, monkeypatch: Any, capsys: Any) -> None:
     import keras
 
     import keras_distrib
     from keras_distrib.trainers import AllReduceTrainer, TrainerError
 
-    plain = mlp()  # no strategy scope
+    data = (np.zeros((4, 64), "float32"), np.zeros(4, "int32"))
+    plain = mlp()  # no strategy scope, no TF_CONFIG: plain Keras model.fit, said in one line
+    history = keras_distrib.fit(plain, *data, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert "not inside a keras_distrib job" in capsys.readouterr().out
+    monkeypatch.setenv("KERAS_DISTRIB_LAYOUT", "allreduce")  # a job, but no strategy in scope
     with pytest.raises(TrainerError, match=r"HINT: .*python -m keras_distrib\.local --nodes 2 SCRIPT") as info:
-        keras_distrib.fit(plain, (np.zeros((4, 64), "float32"), np.zeros(4, "int32")))
+        keras_distrib.fit(mlp(), data)
     assert "HINT:" in str(info.value)
+    monkeypatch.delenv("KERAS_DISTRIB_LAYOUT")
     model = build(strategy)
     with pytest.raises(TrainerError, match="allreduce"):
         AllReduceTrainer(model, strategy)
@@ -369,3 +375,67 @@ def test_errors_outside_job_and_wrong_layout(strategy: Any) -> None:
     bad.compile(keras.optimizers.SGD(), "mse")  # optimizer created outside the scope
     with pytest.raises(TrainerError, match="optimizer was created outside"):
         keras_distrib.fit(bad, (np.zeros((4, 64), "float32"), np.zeros((4, 10), "float32")), strategy=strategy)
+
+
+def test_callback_contract_order_and_stop_at_a_chunk_boundary(strategy: Any, digits: Any) -> None:
+    """Keras' order of hooks (batch begin before its end, on_test_* during validation) and
+    model.stop_training honoured at the next scheduled-function boundary, not the epoch end."""
+    import keras
+
+    import keras_distrib
+
+    x_train, x_test, y_train, y_test = digits
+
+    class Order(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: list[str] = []
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.events.append("train_begin")
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.events.append("epoch_begin")
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.events.append("batch_begin")
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.events.append("batch_end")
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            self.events.append("test_begin")
+
+        def on_test_end(self, logs: Any = None) -> None:
+            self.events.append("test_end")
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.events.append("epoch_end")
+
+        def on_train_end(self, logs: Any = None) -> None:
+            self.events.append("train_end")
+
+    order = Order()
+    model = build(strategy)
+    keras_distrib.fit(model, x_train, y_train, epochs=2, batch_size=32, validation_data=(x_test, y_test),
+                      callbacks=[order], steps_per_execution=5, verbose=0, strategy=strategy)
+    ev = order.events
+    assert ev[:3] == ["train_begin", "epoch_begin", "batch_begin"] and ev[-1] == "train_end"
+    assert ev.count("epoch_begin") == 2 and ev.count("test_begin") == ev.count("test_end") == 2
+    first_end = ev.index("batch_end")
+    assert "batch_begin" in ev[:first_end]  # announced before the work
+    assert ev.index("test_begin") > max(i for i, e in enumerate(ev[: ev.index("epoch_end")]) if e == "batch_end")
+
+    class StopAfterTwoChunks(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch >= 9:
+                self.model.stop_training = True
+
+    model = build(strategy)
+    history = keras_distrib.fit(model, x_train, y_train, epochs=3, batch_size=8, callbacks=[StopAfterTwoChunks()],
+                                steps_per_execution=5, verbose=0, strategy=strategy)
+    steps = int(trainer_for(model).global_step.numpy())
+    assert len(history.history["loss"]) == 1
+    # Stopped after the chunk that reached step 10; closures already in flight (at most
+    # 4 per worker, 5 steps each) still finish: far fewer than the epoch's 180 steps.
+    assert 10 <= steps <= 100, steps
