@@ -399,6 +399,10 @@ def pipeline(
     else:
         ds = source.shard(index, num_shards)
         if shuffle:
+            if tf.inside_function():
+                # A tensor seed under a global seed of 0 (keras.utils.set_random_seed(0)) makes
+                # tf.data compare the tensor as a Python bool; this trace's graph needs no seed.
+                tf.compat.v1.get_default_graph().seed = None
             base = tf.constant(shard_seed(seed or 0, index) * 1_000_003, tf.int64)
             ds = ds.shuffle(shuffle_buffer, seed=base + tf.cast(epoch, tf.int64), reshuffle_each_iteration=True)
     if repeat:
