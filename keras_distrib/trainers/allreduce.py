@@ -135,7 +135,10 @@ class AllReduceTrainer(Trainer):
             """(loss to differentiate, sum of the local real examples' losses incl. reg, reg)."""
             reg = tf.add_n([tf.cast(l, tf.float32) for l in model.losses]) if model.losses else tf.constant(0.0)
             w = mask if sw is None else tf.cast(tf.reshape(sw, tf.shape(mask)), tf.float32) * mask
-            mean = tf.cast(model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training), tf.float32) - reg
+            # Keras divides every compiled and added loss by the replicas in sync
+            # (keras.losses.loss.scale_loss_for_distribution): undo that to get the mean.
+            total = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)
+            mean = tf.cast(total, tf.float32) * replicas - reg
             # Keras' mean over the local batch (padding weighs 0) -> sum over real examples.
             local_sum = mean * tf.cast(batch_size_of(x), tf.float32)
             return local_sum / global_n + reg / replicas, local_sum + reg * tf.reduce_sum(mask), reg
