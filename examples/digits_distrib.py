@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trainer = trainer_for(model, strategy)
         result["test_accuracy"] = float(history.history["val_accuracy"][-1])
         result["steps"] = int(trainer.global_step.numpy())
-        result["steps_per_sec"] = float(getattr(model, "_keras_distrib_steps_per_sec", 0.0))
+        result["steps_per_sec"] = float(trainer.epoch_stats[-1]["steps_per_sec"]) if trainer.epoch_stats else 0.0
         is_chief = getattr(trainer, "is_chief", True)
     if args.save and is_chief:
         model.save(args.save)

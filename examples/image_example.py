@@ -70,6 +70,7 @@ def run(description: str, dataset: str, input_shape: tuple[int, ...], body: Call
     if args.save and getattr(trainer_for(model, strategy), "is_chief", True):
         model.save(args.save)
     result = {k: v[-1] for k, v in history.history.items()}
-    result["steps_per_sec"] = getattr(model, "_keras_distrib_steps_per_sec", 0.0)
+    stats = trainer_for(model, strategy).epoch_stats
+    result["steps_per_sec"] = stats[-1]["steps_per_sec"] if stats else 0.0
     print(json.dumps(result), flush=True)
     return result

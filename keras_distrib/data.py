@@ -153,10 +153,18 @@ class ArraySource:
 
 @dataclass
 class DatasetSource:
-    """A ``tf.data.Dataset``; ``batched=True`` (Keras' convention) shards whole batches."""
+    """A ``tf.data.Dataset``, sharded by element (whole batches when it is batched).
+
+    ``batched``: None = read it from the pipeline (a final ``batch``/``padded_batch``...).
+    Every worker rebuilds the dataset from its graph with each shuffle's seeds replaced by
+    ``(seed or the fit seed, seed2 + epoch)``: all workers then draw the SAME order, so the
+    shards (element ``i`` to worker ``i % k``) are disjoint and complete in every epoch,
+    and ``reshuffle_each_iteration`` gives a new order each epoch.
+    """
 
     dataset: Any
-    batched: bool = True
+    batched: bool | None = None
+    seed: int = 0
 
     def __post_init__(self) -> None:
         import tensorflow as tf
@@ -165,23 +173,127 @@ class DatasetSource:
         self.num_examples: int | None = card if card >= 0 else None
         if card == tf.data.INFINITE_CARDINALITY:
             self.num_examples = None
+        self._graph = None
+        if self.batched is None:
+            self.batched = _ends_with_batch(self._graph_def())
 
-    def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":
+    def _graph_def(self) -> Any:
+        if self._graph is None:
+            from .trainers import _private_apis
+
+            self._graph = _private_apis.dataset_graph_def(self.dataset)
+        return self._graph
+
+    def shard(self, index: int, num_shards: int, epoch: Any = 0) -> "tf.data.Dataset":
         import tensorflow as tf
 
-        dataset = self.dataset
-        if tf.inside_function():
-            # Traced on the parameter-server chief for a remote worker: an eager dataset's
-            # variant lives on the chief and cannot be sent, so rebuild the dataset from
-            # its graph inside the function (what tf.distribute does for its own inputs).
-            variant = self._variant_creator()()
-            dataset = tf.data.experimental.from_variant(variant, self.dataset.element_spec)
+        variant = self._variant_fn()(tf.cast(epoch, tf.int64))
+        dataset = tf.data.experimental.from_variant(variant, self.dataset.element_spec)
         return shard_dataset(dataset, index, num_shards)
 
-    def _variant_creator(self) -> Any:
-        if not hasattr(self, "_creator"):
-            self._creator = self.dataset._trace_variant_creation()  # private TF API, see shard()
-        return self._creator
+    def _variant_fn(self) -> Any:
+        if getattr(self, "_fn", None) is None:
+            from .trainers import _private_apis
+
+            graph, output = seeded_graph(self._graph_def(), self.seed)
+            self._fn = _private_apis.function_from_graph_def(graph, [EPOCH_INPUT + ":0"], output)
+        return self._fn
+
+
+#: Name of the epoch input added to a dataset graph by `seeded_graph`.
+EPOCH_INPUT = "keras_distrib_epoch"
+_SHUFFLES = {"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
+             "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2"}
+_PASS_THROUGH = ("Prefetch", "Options", "Model", "MaxIntraOpParallelism", "PrivateThreadPool",
+                 "Map", "ParallelMap", "Cache", "AssertCardinality", "Take", "Skip", "Repeat",
+                 "Shuffle", "Filter", "Ignore", "Finalize", "Identity", "AssertNext")
+_BATCHES = ("Batch", "PaddedBatch", "ParallelBatch", "MapAndBatch", "ExperimentalMapAndBatch")
+
+
+def _node_map(graph_def: Any) -> dict[str, Any]:
+    return {n.name: n for n in graph_def.node}
+
+
+def _output_node(graph_def: Any) -> str:
+    ret = next(n for n in graph_def.node if n.op == "_Retval")
+    return ret.input[0].split(":")[0]
+
+
+def _ends_with_batch(graph_def: Any) -> bool:
+    """True if the pipeline's last element-shaping op is a batch (not unbatch/slices)."""
+    nodes = _node_map(graph_def)
+    name = _output_node(graph_def)
+    for _ in range(len(nodes)):
+        node = nodes[name]
+        op = node.op
+        if op.startswith(_BATCHES):
+            return True
+        if op.startswith("Unbatch") or not op.startswith(_PASS_THROUGH) or not node.input:
+            return False
+        name = node.input[0].split(":")[0]
+    return False
+
+
+def _const_int(nodes: dict[str, Any], name: str) -> int:
+    node = nodes.get(name.split(":")[0])
+    if node is None or node.op != "Const":
+        return 0
+    tensor = node.attr["value"].tensor
+    return int(tensor.int64_val[0]) if tensor.int64_val else 0
+
+
+def seeded_graph(graph_def: Any, seed: int) -> tuple[Any, str]:
+    """A copy of a dataset graph whose shuffles use ``(seed, seed2 + epoch)``.
+
+    ``epoch`` is a new int64 input named `EPOCH_INPUT`. A shuffle without its own seed
+    gets ``seed``; one with ``reshuffle_each_iteration=False`` keeps its seed2. Shuffles
+    are rewritten to the seed-only op version (no seed-generator resource, which belongs
+    to the process that built the dataset). Returns (graph, output tensor name).
+    """
+    from tensorflow.core.framework import graph_pb2, types_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.CopyFrom(graph_def)
+    nodes = _node_map(graph)
+    epoch = graph.node.add(name=EPOCH_INPUT, op="Placeholder")
+    epoch.attr["dtype"].type = types_pb2.DT_INT64
+    epoch.attr["shape"].shape.SetInParent()
+
+    def const(name: str, value: int) -> str:
+        node = graph.node.add(name=name, op="Const")
+        node.attr["dtype"].type = types_pb2.DT_INT64
+        node.attr["value"].tensor.dtype = types_pb2.DT_INT64
+        node.attr["value"].tensor.tensor_shape.SetInParent()
+        node.attr["value"].tensor.int64_val.append(value)
+        return name
+
+    dropped: set[str] = set()
+    for node in [n for n in graph.node if n.op in _SHUFFLES]:
+        inputs = list(node.input)
+        has_seeds = node.op in ("ShuffleDataset", "ShuffleDatasetV3", "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2")
+        s1 = _const_int(nodes, inputs[2]) if has_seeds else 0
+        s2 = _const_int(nodes, inputs[3]) if has_seeds else 0
+        if s1 == 0 and s2 == 0:
+            s1 = int(seed) + 1  # seed 0 and seed2 0 would mean "random" to TensorFlow
+        reshuffle = node.attr["reshuffle_each_iteration"].b if "reshuffle_each_iteration" in node.attr else True
+        seed1 = const(node.name + "/kd_seed", s1)
+        seed2 = const(node.name + "/kd_seed2", s2)
+        if reshuffle:
+            add = graph.node.add(name=node.name + "/kd_seed2_epoch", op="AddV2", input=[seed2, EPOCH_INPUT])
+            add.attr["T"].type = types_pb2.DT_INT64
+            seed2 = add.name
+        repeat = node.op.startswith("ShuffleAndRepeat")
+        count = inputs[4] if repeat else None
+        dropped.update(i.split(":")[0] for i in inputs[2:] if i != count)
+        node.op = "ShuffleAndRepeatDataset" if repeat else "ShuffleDataset"
+        del node.input[:]
+        node.input.extend([inputs[0], inputs[1], seed1, seed2] + ([count] if repeat else []))
+        node.attr["reshuffle_each_iteration"].b = reshuffle
+    used = {i.split(":")[0].lstrip("^") for n in graph.node for i in n.input}
+    keep = [n for n in graph.node if not (n.name in dropped and n.name not in used)]
+    del graph.node[:]
+    graph.node.extend(keep)
+    return graph, _output_node(graph) + ":0"
 
 
 @dataclass
@@ -271,14 +383,28 @@ def pipeline(
     shuffle: bool,
     seed: int | None,
     repeat: bool,
+    epoch: Any = 0,
     shuffle_buffer: int = 10_000,
 ) -> "tf.data.Dataset":
-    """Per-worker input pipeline: shard -> shuffle (per-shard seed) -> repeat -> batch."""
+    """Per-worker input pipeline of one epoch: shard -> shuffle -> (repeat) -> batch.
+
+    ``epoch`` (int or int64 tensor) varies the shuffle order from epoch to epoch; each
+    epoch's dataset is finite unless ``repeat``. A `DatasetSource` keeps its own order
+    (its shuffles are seeded identically on every worker, see `DatasetSource`).
+    """
     import tensorflow as tf
 
-    ds = source.shard(index, num_shards)
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=shard_seed(seed, index), reshuffle_each_iteration=True)
+    if isinstance(source, DatasetSource):
+        ds = source.shard(index, num_shards, epoch)
+    else:
+        ds = source.shard(index, num_shards)
+        if shuffle:
+            if tf.inside_function():
+                # A tensor seed under a global seed of 0 (keras.utils.set_random_seed(0)) makes
+                # tf.data compare the tensor as a Python bool; this trace's graph needs no seed.
+                tf.compat.v1.get_default_graph().seed = None
+            base = tf.constant(shard_seed(seed or 0, index) * 1_000_003, tf.int64)
+            ds = ds.shuffle(shuffle_buffer, seed=base + tf.cast(epoch, tf.int64), reshuffle_each_iteration=True)
     if repeat:
         ds = ds.repeat()
     if not source.batched:

@@ -2,16 +2,27 @@
 
 ``fit`` picks the trainer that serves the active layout: `ParameterServerTrainer`
 (asynchronous, ParameterServerStrategy) or `AllReduceTrainer` (synchronous,
-MultiWorkerMirroredStrategy). Importing this package does not import TensorFlow.
+MultiWorkerMirroredStrategy); both derive from `keras_distrib.trainers.base.Trainer`,
+which holds fit/evaluate and the epoch loop. Importing this package does not import
+TensorFlow.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import inspect
+import weakref
+from typing import Any
 
 from ._common import TrainerError
+from ._private_apis import warn_if_untested
 
 __all__ = ["fit", "evaluate", "build", "ParameterServerTrainer", "AllReduceTrainer", "TrainerError", "trainer_for"]
+
+warn_if_untested()
+
+#: model -> its trainer (so the step counter and traced functions survive repeated
+#: fit/evaluate calls) without writing attributes on the user's model.
+_TRAINERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
 def __getattr__(name: str) -> Any:
@@ -31,62 +42,95 @@ def __getattr__(name: str) -> Any:
 
 
 def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | None = None) -> Any:
-    """The trainer for ``model`` under ``strategy`` (cached on the model, so the step
-    counter and traced functions survive repeated fit/evaluate calls)."""
+    """The trainer of ``model`` under ``strategy`` (one per model and strategy)."""
     from ._common import resolve_strategy, strategy_kind
 
+    cached = _TRAINERS.get(model)
+    if strategy is None and cached is not None:
+        strategy = cached.strategy
     strategy = resolve_strategy(strategy)
-    cached = getattr(model, "_keras_distrib_trainer", None)
     if cached is not None and cached.strategy is strategy:
         if steps_per_execution is not None and steps_per_execution != cached.steps_per_execution:
             cached.steps_per_execution = int(steps_per_execution)
             cached.reset_functions()
         return cached
-    kwargs = {} if steps_per_execution is None else {"steps_per_execution": steps_per_execution}
     if strategy_kind(strategy) == "ps":
         from .ps_async import ParameterServerTrainer as cls
     else:
         from .allreduce import AllReduceTrainer as cls
-    trainer = cls(model, strategy, **kwargs)
-    model._keras_distrib_trainer = trainer
+    trainer = cls(model, strategy, steps_per_execution=steps_per_execution)
+    _TRAINERS[model] = trainer
     return trainer
 
 
-def fit(
-    model: Any,
-    data: Any,
-    *,
-    epochs: int = 1,
-    steps_per_epoch: int | None = None,
-    batch_size: int | None = None,
-    callbacks: Sequence[Any] | None = None,
-    validation_data: Any = None,
-    validation_steps: int | None = None,
-    steps_per_execution: int | None = None,
-    verbose: int = 1,
-    strategy: Any = None,
-    **kwargs: Any,
-) -> Any:
-    """Train a compiled Keras 3 model on the active keras_distrib layout.
+def _single_process(model: Any, strategy: Any) -> bool:
+    """True outside a job: no TF_CONFIG, no trainer yet and no distribution strategy."""
+    import os
 
-    ``data``/``validation_data``: ``(x, y[, sample_weight])`` arrays, a batched
-    ``tf.data.Dataset`` or a `keras_distrib.data` Source; it is sharded disjointly over
-    the workers. ``batch_size``: examples per optimizer update (parameter server: each
-    worker step; all-reduce: the global batch, split over the workers).
-    ``steps_per_execution``: steps run inside one tf.function call (default 10).
-    Other keyword arguments: ``shuffle``, ``seed``, ``initial_epoch``,
-    ``validation_batch_size``, ``checkpoint_dir`` (resume from / save to every epoch).
-    Returns ``keras.callbacks.History``.
+    if "TF_CONFIG" in os.environ or model in _TRAINERS:
+        return False
+    from ._common import strategy_kind
+
+    if strategy is None:
+        import tensorflow as tf
+
+        strategy = tf.distribute.get_strategy()
+    return strategy_kind(strategy) is None and not os.environ.get("KERAS_DISTRIB_LAYOUT")
+
+
+def _keras_fit(model: Any, *args: Any, seed: Any = None, checkpoint_dir: str | None = None, **kwargs: Any) -> Any:
+    """Plain ``model.fit`` (outside a job); ``checkpoint_dir`` becomes BackupAndRestore."""
+    import keras
+
+    if args and len(args) == 1 and isinstance(args[0], tuple) and "y" not in kwargs:
+        args = args[0]  # keras_distrib.fit(model, (x, y)) -> model.fit(x, y)
+    if checkpoint_dir:
+        kwargs["callbacks"] = list(kwargs.get("callbacks") or []) + [keras.callbacks.BackupAndRestore(checkpoint_dir)]
+    return model.fit(*args, **kwargs)
+
+
+def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int | None = None, **kwargs: Any) -> Any:
+    """Train a compiled Keras 3 model on the active keras_distrib layout, like ``model.fit``.
+
+    Takes ``model.fit``'s arguments (see `keras_distrib.trainers.base.Trainer.fit` and the
+    README table), plus ``strategy`` (default: the active one), ``steps_per_execution``
+    (steps per scheduled function, default 10), ``seed`` (shuffling) and
+    ``checkpoint_dir`` (resume from / save to every epoch). ``x`` may be arrays (dict
+    inputs too), ``(x, y[, sample_weight])``, a ``tf.data.Dataset`` or a
+    `keras_distrib.data` source; it is sharded disjointly over the workers.
+    ``batch_size``: examples per optimizer update (parameter server: each worker step;
+    all-reduce: the global batch, split over the workers). Returns the History.
     """
-    trainer = trainer_for(model, strategy, steps_per_execution=steps_per_execution)
-    return trainer.fit(
-        data, epochs=epochs, steps_per_epoch=steps_per_epoch, batch_size=batch_size,
-        callbacks=callbacks, validation_data=validation_data, validation_steps=validation_steps,
-        verbose=verbose, **kwargs,
-    )
+    if _single_process(model, strategy):
+        print("keras_distrib: not inside a keras_distrib job: training with Keras model.fit in this process",
+              flush=True)
+        return _keras_fit(model, *args, **kwargs)
+    return trainer_for(model, strategy, steps_per_execution=steps_per_execution).fit(*args, **kwargs)
 
 
-def evaluate(model: Any, data: Any, *, steps: int | None = None, batch_size: int | None = None,
-             strategy: Any = None) -> dict[str, float]:
-    """Distributed evaluation of every example of ``data`` once; returns ``{"loss": ..., metric: ...}``."""
-    return trainer_for(model, strategy).evaluate(data, steps=steps, batch_size=batch_size)
+def evaluate(model: Any, *args: Any, strategy: Any = None, **kwargs: Any) -> dict[str, float]:
+    """Distributed evaluation of every example once, like ``model.evaluate(..., return_dict=True)``."""
+    if _single_process(model, strategy):
+        if args and len(args) == 1 and isinstance(args[0], tuple) and "y" not in kwargs:
+            args = args[0]
+        kwargs.pop("prefix", None)
+        return model.evaluate(*args, return_dict=True, **{"verbose": 0, **kwargs})
+    return trainer_for(model, strategy).evaluate(*args, **kwargs)
+
+
+def _signature_from(method_name: str, extra: list[inspect.Parameter]) -> inspect.Signature:
+    from .base import Trainer
+
+    params = list(inspect.signature(getattr(Trainer, method_name)).parameters.values())[1:]
+    model = inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return inspect.Signature([model] + params + extra)
+
+
+def _kw(name: str) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None)
+
+
+# The public signatures are Trainer.fit/evaluate's, written once (for help() and IDEs);
+# base imports no TensorFlow, so this stays cheap.
+fit.__signature__ = _signature_from("fit", [_kw("strategy"), _kw("steps_per_execution")])  # type: ignore[attr-defined]
+evaluate.__signature__ = _signature_from("evaluate", [_kw("strategy")])  # type: ignore[attr-defined]

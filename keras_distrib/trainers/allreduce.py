@@ -2,14 +2,17 @@
 
 Every worker runs this loop in lockstep. Why it looks the way it does:
 
-* Keras 3 sums gradients over replicas, so the loss is
-  ``tf.nn.compute_average_loss(per_example_loss, global_batch_size)`` plus the
-  regularisation losses scaled by the number of replicas.
+* Keras 3 sums gradients over replicas, so each replica's loss is its compiled loss
+  (sum over its real examples) divided by the number of real examples of the whole step,
+  plus the regularisation losses divided by the number of replicas.
+* No empty batches: each worker's epoch is its shard, batched, followed by an endless
+  stream of padding batches (one copy of the shard's first example, weight 0). Every step
+  first all-reduces the number of real examples; 0 ends the epoch on every worker at once.
+  A worker whose shard ran out therefore computes on one zero-weight example instead of an
+  empty batch (BatchNorm, custom layers), and the step's update is the mean gradient over
+  exactly the examples left; metrics only see real examples.
 * The K steps of a call loop *around* ``strategy.run`` (a loop inside the replica function
   fails with "merge_call called while defining a new graph").
-* Uneven shards: each epoch iterates the finite per-worker datasets with
-  ``get_next_as_optional``; MWMS agrees on "any worker has data", so a worker whose shard
-  ran out gets empty batches until all are done: no hang, nothing dropped.
 * ``optimizer.iterations`` is exact here (updates are synchronous), so it is the step.
 * Only worker 0 writes: file-writing callbacks and checkpoints of other workers are
   redirected to temporary directories (TensorFlow wants every worker to save).
@@ -17,65 +20,16 @@ Every worker runs this loop in lockstep. Why it looks the way it does:
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from typing import Any, Sequence
+from typing import Any
+
+import numpy as np
 
 from .. import data as kd_data
-from ._common import (
-    batch_reporter,
-    epoch_saver,
-    CheckpointKeeper,
-    MetricSet,
-    Progress,
-    Totals,
-    TrainerError,
-    batch_size_of,
-    check_model,
-    epoch_steps,
-    make_callbacks,
-    redirect_writers,
-    resolve_strategy,
-    run_epochs,
-    step_totals,
-    unpack,
-    zeros_totals,
-)
-from ..checkpoints import preemption_signals
+from ._common import TrainerError, resolve_strategy
+from .base import ChunkHooks, Trainer, steps_for_shards
+from .metrics import Totals, all_finite, batch_size_of, step_totals, unpack, zeros_totals
 
 DEFAULT_STEPS_PER_EXECUTION = 10
-
-
-def per_example_loss_fn(model: Any) -> Any:
-    """``fn(y, y_pred, sample_weight) -> per-example loss`` for a single compiled loss.
-
-    Returns None for multi-output/dict losses; the caller then falls back to the
-    compiled mean loss rescaled to the global batch (same value, see `_replica_loss`).
-    """
-    import keras
-
-    loss = getattr(model, "loss", None)
-    if loss is None or isinstance(loss, (list, tuple, dict)) or len(model.outputs or [None]) != 1:
-        return None
-    loss = keras.losses.get(loss)
-    if isinstance(loss, keras.losses.Loss):
-        config = dict(loss.get_config(), reduction="none")
-        try:
-            loss = loss.__class__.from_config(config)
-        except (TypeError, ValueError):
-            return None
-
-        def call(y: Any, y_pred: Any, sw: Any) -> Any:
-            return loss(y, y_pred, sample_weight=sw)
-
-        return call
-    if callable(loss):
-        def call_fn(y: Any, y_pred: Any, sw: Any) -> Any:
-            values = loss(y, y_pred)
-            return values if sw is None else values * keras.ops.cast(keras.ops.reshape(sw, keras.ops.shape(values)), values.dtype)
-
-        return call_fn
-    return None
 
 
 def _sum_over_workers(strategy: Any, nest: Any) -> Any:
@@ -93,14 +47,63 @@ def _sum_over_workers(strategy: Any, nest: Any) -> Any:
     return tf.nest.pack_sequence_as(nest, out)
 
 
-class AllReduceTrainer:
+def _with_padding(ds: Any) -> Any:
+    """``(batch, real_mask)`` batches of ``ds``, then endless one-example zero-weight padding."""
+    import tensorflow as tf
+
+    def real(*batch: Any) -> Any:
+        batch = batch[0] if len(batch) == 1 else batch
+        n = tf.shape(tf.nest.flatten(batch)[0])[0]
+        return batch, tf.ones([n], tf.float32)
+
+    def pad(batch: Any, mask: Any) -> Any:
+        return tf.nest.map_structure(lambda t: t[:1], batch), tf.zeros([1], tf.float32)
+
+    real_ds = ds.map(real)
+    return real_ds.concatenate(real_ds.take(1).map(pad).repeat())
+
+
+class EpochInput:
+    """One distributed dataset per epoch (or one repeated one) over per-worker shards."""
+
+    def __init__(self, strategy: Any, source: Any, *, per_replica: int | None, shuffle: bool,
+                 seed: int | None, repeat: bool) -> None:
+        self.strategy, self.source, self.repeat = strategy, source, repeat
+        self._options = dict(batch_size=per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
+        self.sample = kd_data.pipeline(source, 0, 1, **self._options, epoch=0)
+        workers = max(1, strategy.num_replicas_in_sync)
+        per_shard = steps_for_shards(source.num_examples, workers, None if source.batched else per_replica)
+        # Lockstep: the longest shard decides how many steps an epoch has.
+        self.steps = None if per_shard is None else max(per_shard)
+        if source.num_examples is not None and source.num_examples < workers:
+            raise TrainerError(
+                f"{source.num_examples} elements cannot feed {workers} workers (each needs at "
+                "least one). HINT: use more data or fewer workers."
+            )
+        self._persistent = None
+
+    def iterator(self, epoch: int) -> Any:
+        if self.repeat and self._persistent is not None:
+            return self._persistent
+
+        def dataset_fn(ctx: Any) -> Any:
+            ds = kd_data.pipeline(self.source, ctx.input_pipeline_id, ctx.num_input_pipelines,
+                                  **self._options, epoch=epoch)
+            return _with_padding(ds)
+
+        it = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+        if self.repeat:
+            self._persistent = it
+        return it
+
+
+class AllReduceTrainer(Trainer):
     """Trains a compiled Keras 3 model synchronously with MultiWorkerMirroredStrategy."""
 
-    def __init__(self, model: Any, strategy: Any = None, *, steps_per_execution: int = DEFAULT_STEPS_PER_EXECUTION) -> None:
-        self.strategy = resolve_strategy(strategy, allow=("allreduce",))
-        self.model = model
-        self.optimizer = check_model(model, self.strategy)
-        self.steps_per_execution = max(1, int(steps_per_execution))
+    default_steps_per_execution = DEFAULT_STEPS_PER_EXECUTION
+
+    def __init__(self, model: Any, strategy: Any = None, *, steps_per_execution: int | None = None) -> None:
+        super().__init__(model, resolve_strategy(strategy, allow=("allreduce",)), steps_per_execution=steps_per_execution)
         resolver = self.strategy.cluster_resolver
         self.rank = int(resolver.task_id or 0) if resolver is not None else 0
         self.is_chief = resolver is None or resolver.task_type in (None, "chief") or (
@@ -109,9 +112,8 @@ class AllReduceTrainer:
         with self.strategy.scope():
             if not self.optimizer.built:
                 self.optimizer.build(model.trainable_variables)
-        self.metrics = MetricSet(model)
-        self._per_example = per_example_loss_fn(model)
-        self._fns: dict[tuple[bool, int], Any] = {}
+        self._fns: dict[bool, Any] = {}
+        self._agree_fn = None
 
     @property
     def global_step(self) -> Any:
@@ -123,42 +125,47 @@ class AllReduceTrainer:
 
     # ------------------------------------------------------------ traced functions
 
-    def _replica_loss(self, x: Any, y: Any, y_pred: Any, sw: Any, global_batch: int, training: bool) -> tuple[Any, Any]:
-        """(loss to differentiate, mean loss of the local batch for logging)."""
-        import tensorflow as tf
-
-        replicas = self.strategy.num_replicas_in_sync
-        reg = tf.add_n([tf.cast(l, tf.float32) for l in self.model.losses]) if self.model.losses else 0.0
-        n = tf.cast(batch_size_of(x), tf.float32)
-        if self._per_example is not None:
-            per_example = tf.cast(self._per_example(y, y_pred, sw), tf.float32)
-            per_example = tf.reshape(per_example, [tf.shape(per_example)[0], -1])
-            per_example = tf.reduce_mean(per_example, axis=-1)
-            scaled = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            local_mean = tf.math.divide_no_nan(tf.reduce_sum(per_example), n)
-        else:
-            # Compiled mean (sum/n) * n/global == sum/global == compute_average_loss.
-            local_mean = tf.cast(self.model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=training), tf.float32) - reg
-            scaled = local_mean * n / global_batch
-        return scaled + reg / replicas, local_mean + reg
-
-    def _make_fn(self, training: bool, global_batch: int) -> Any:
+    def _make_fn(self, training: bool) -> Any:
         import tensorflow as tf
 
         model, opt, metrics, strategy = self.model, self.optimizer, self.metrics, self.strategy
+        replicas = strategy.num_replicas_in_sync
 
-        def replica_step(batch: Any, totals: dict[str, Any]) -> dict[str, Any]:
+        def losses(x: Any, y: Any, y_pred: Any, sw: Any, mask: Any, global_n: Any) -> tuple[Any, Any, Any]:
+            """(loss to differentiate, sum of the local real examples' losses incl. reg, reg)."""
+            reg = tf.add_n([tf.cast(l, tf.float32) for l in model.losses]) if model.losses else tf.constant(0.0)
+            w = mask if sw is None else tf.cast(tf.reshape(sw, tf.shape(mask)), tf.float32) * mask
+            # Keras divides every compiled and added loss by the replicas in sync
+            # (keras.losses.loss.scale_loss_for_distribution): undo that to get the mean.
+            total = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)
+            mean = tf.cast(total, tf.float32) * replicas - reg
+            # Keras' mean over the local batch (padding weighs 0) -> sum over real examples.
+            local_sum = mean * tf.cast(batch_size_of(x), tf.float32)
+            return local_sum / global_n + reg / replicas, local_sum + reg * tf.reduce_sum(mask), reg
+
+        def replica_step(batch: Any, mask: Any, totals: dict[str, Any], global_n: Any) -> dict[str, Any]:
             x, y, sw = unpack(batch)
             if training:
                 with tf.GradientTape() as tape:
                     y_pred = model(x, training=True)
-                    loss, log_loss = self._replica_loss(x, y, y_pred, sw, global_batch, True)
+                    loss, loss_sum, _ = losses(x, y, y_pred, sw, mask, global_n)
                 grads = tape.gradient(loss, model.trainable_variables)
                 opt.apply_gradients(zip(grads, model.trainable_variables))
+                finite = all_finite([loss] + list(grads))
             else:
                 y_pred = model(x, training=False)
-                _, log_loss = self._replica_loss(x, y, y_pred, sw, global_batch, False)
-            return step_totals(totals, log_loss, batch_size_of(x), metrics.update(totals["state"], y, y_pred, sw))
+                _, loss_sum, _ = losses(x, y, y_pred, sw, mask, global_n)
+                finite = tf.constant(True)
+            real = mask > 0
+            keep = lambda t: None if t is None else tf.boolean_mask(t, real)  # noqa: E731
+            state = metrics.update(totals["state"], tf.nest.map_structure(keep, y), tf.nest.map_structure(keep, y_pred),
+                                   None if sw is None else keep(sw))
+            n = tf.reduce_sum(mask)
+            # step_totals folds mean*n: pass the sum's mean over the real examples.
+            return step_totals(totals, tf.math.divide_no_nan(loss_sum, n), n, state, finite)
+
+        def local_count(mask: Any) -> Any:
+            return tf.reduce_sum(mask)
 
         @tf.function
         def run_chunk(iterator: Any, num_steps: Any) -> dict[str, Any]:
@@ -166,15 +173,17 @@ class AllReduceTrainer:
             totals = start
             steps = tf.constant(0, tf.int64)
             for _ in tf.range(num_steps):
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
+                batch, mask = next(iterator)
+                global_n = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(mask,)), axis=None)
+                if global_n == 0:
                     break
-                totals = strategy.run(replica_step, args=(optional.get_value(), totals))
+                totals = strategy.run(replica_step, args=(batch, mask, totals, global_n))
                 steps += 1
             # One all-reduce per call: sums over workers of the per-worker accumulators.
             deltas = {
                 "loss_sum": totals["loss_sum"],
                 "count": totals["count"],
+                "bad": 1.0 - tf.cast(totals["finite"], tf.float32),
                 "state": [s - r for s, r in zip(totals["state"], start["state"])],
             }
             summed = _sum_over_workers(strategy, deltas)
@@ -182,20 +191,32 @@ class AllReduceTrainer:
                 "loss_sum": summed["loss_sum"],
                 "count": summed["count"],
                 "steps": steps,
+                "finite": summed["bad"] == 0,
                 "state": [d + r for d, r in zip(summed["state"], start["state"])],
             }
 
         return run_chunk
 
-    def _fn(self, training: bool, global_batch: int) -> Any:
-        key = (training, global_batch)
-        if key not in self._fns:
-            self._fns[key] = self._make_fn(training, global_batch)
-        return self._fns[key]
+    def _fn(self, training: bool) -> Any:
+        if training not in self._fns:
+            self._fns[training] = self._make_fn(training)
+        return self._fns[training]
 
-    # ------------------------------------------------------------ helpers
+    def _agree(self, flag: bool) -> bool:
+        """True on every worker if any worker's callbacks asked to stop."""
+        import tensorflow as tf
 
-    def _batches(self, batch_size: int | None) -> tuple[int, int]:
+        if self._agree_fn is None:
+            @tf.function
+            def agree(value: Any) -> Any:
+                return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+
+            self._agree_fn = agree
+        return bool(self._agree_fn(tf.constant(1.0 if flag else 0.0)) > 0)
+
+    # ------------------------------------------------------------ input and runner
+
+    def _per_replica(self, batch_size: int | None) -> int:
         replicas = self.strategy.num_replicas_in_sync
         global_batch = batch_size or 32
         per_replica = global_batch // replicas
@@ -204,156 +225,29 @@ class AllReduceTrainer:
                 f"batch_size={global_batch} is smaller than the {replicas} replicas. "
                 "HINT: batch_size is the global batch; use at least one example per replica."
             )
-        return per_replica, per_replica * replicas
+        return per_replica
 
-    def _distributed(self, source: Any, per_replica: int, *, shuffle: bool, seed: int | None, repeat: bool) -> Any:
+    def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool) -> EpochInput:
+        per_replica = None if source.batched else self._per_replica(batch_size)
+        return EpochInput(self.strategy, source, per_replica=per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
+
+    def _run(self, inp: EpochInput, epoch: int, *, training: bool, steps: int | None, hooks: ChunkHooks) -> Totals:
+        """Run the epoch (or ``steps``) in calls of K steps; every worker in lockstep."""
         import tensorflow as tf
 
-        def dataset_fn(ctx: tf.distribute.InputContext) -> Any:
-            return kd_data.pipeline(source, ctx.input_pipeline_id, ctx.num_input_pipelines,
-                                    batch_size=None if source.batched else per_replica,
-                                    shuffle=shuffle, seed=seed, repeat=repeat)
-
-        sample = dataset_fn(tf.distribute.InputContext(1, 0, 1))
-        return self.strategy.distribute_datasets_from_function(dataset_fn), sample
-
-    def _ensure_metrics(self, sample: Any) -> None:
-        if self.metrics.metric is not None and not self.metrics.metric.built:
-            self.metrics.build(self.model, next(iter(sample.take(1))))
-
-    def _global_batch_for(self, source: Any, per_replica: int, global_batch: int, sample: Any) -> int:
-        if not source.batched:
-            return global_batch
-        dim = sample.element_spec
-        import tensorflow as tf
-
-        first = tf.nest.flatten(dim)[0].shape[0]
-        if first is None:
-            first = int(tf.shape(tf.nest.flatten(next(iter(sample.take(1))))[0])[0])
-        return int(first) * self.strategy.num_replicas_in_sync
-
-    def _run(self, fn: Any, iterator: Any, steps: int | None, on_chunk: Any = None,
-             keeper: CheckpointKeeper | None = None) -> Totals:
-        """Run up to ``steps`` (None: until the data ends) in calls of K steps."""
-        import tensorflow as tf
-
+        fn, iterator = self._fn(training), inp.iterator(epoch)
         totals = Totals(self.metrics.reset_numpy())
         k = self.steps_per_execution
-        base = int(self.global_step.numpy()) if keeper is not None else 0
         while steps is None or totals.steps < steps:
-            if keeper is not None and totals.steps and self._all_agree(keeper.checkpointer.wants_save(base + totals.steps)):
-                keeper.checkpointer.at_boundary(int(self.global_step.numpy()))  # may stop: preempted
+            if totals.steps and hooks.checkpoint_due(totals.steps):
+                hooks.checkpoint_now()  # every worker agreed: lockstep, the step is exact
             n = k if steps is None else min(k, steps - totals.steps)
+            hooks.before(totals.steps)
             out = fn(iterator, tf.constant(n))
             done = int(out["steps"])
-            totals.add(out)
-            if done and on_chunk is not None:
-                on_chunk(totals.steps - 1, totals)
-            if done < n:
+            totals.add({key: (np.asarray(v) if key != "state" else v) for key, v in out.items()})
+            if done:
+                hooks.after(totals.steps - 1, totals)
+            if done < n or self._agree(hooks.stop()):
                 break
         return totals
-
-    def _all_agree(self, wanted: bool) -> bool:
-        """True on every worker if any wants a checkpoint now (clocks and signals differ)."""
-        import tensorflow as tf
-
-        if getattr(self, "_agree_fn", None) is None:
-            strategy = self.strategy
-
-            @tf.function
-            def agree(flag: Any) -> Any:
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(tf.identity, args=(flag,)), axis=None)
-
-            self._agree_fn = agree
-        return float(self._agree_fn(tf.constant(1.0 if wanted else 0.0))) > 0
-
-    # ------------------------------------------------------------ public API
-
-    def fit(
-        self,
-        data: Any,
-        *,
-        epochs: int = 1,
-        steps_per_epoch: int | None = None,
-        batch_size: int | None = None,
-        callbacks: Sequence[Any] | None = None,
-        validation_data: Any = None,
-        validation_steps: int | None = None,
-        validation_batch_size: int | None = None,
-        verbose: int = 1,
-        shuffle: bool = True,
-        seed: int | None = 0,
-        initial_epoch: int = 0,
-        checkpoint_dir: str | None = None,
-    ) -> Any:
-        """Train ``epochs`` epochs in lockstep on every worker; see `keras_distrib.trainers.fit`."""
-        source = kd_data.as_source(data)
-        per_replica, global_batch = self._batches(batch_size)
-        repeat = steps_per_epoch is not None
-        dist, sample = self._distributed(source, per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
-        self._ensure_metrics(sample)
-        fn = self._fn(True, self._global_batch_for(source, per_replica, global_batch, sample))
-        # Progress target: the longest shard decides how many lockstep steps an epoch has.
-        workers = max(1, self.strategy.num_replicas_in_sync)
-        if steps_per_epoch is None and source.num_examples is not None:
-            longest = kd_data.shard_sizes(source.num_examples, workers)[0]
-            target = epoch_steps(longest, None if source.batched else per_replica, None, "data")
-        else:
-            target = steps_per_epoch
-
-        tmpdir = None if self.is_chief else tempfile.mkdtemp(prefix="keras_distrib_worker_")
-        callbacks = list(callbacks or [])
-        if tmpdir:
-            redirect_writers(callbacks, tmpdir)
-        keeper = None
-        resume_skip: dict[int, int] = {}
-        if checkpoint_dir:
-            keeper = CheckpointKeeper(checkpoint_dir, self.model, self.optimizer, self.global_step, is_chief=self.is_chief)
-            keeper.checkpointer.steps_per_epoch = target
-            if keeper.restore() and target:
-                done = int(self.global_step.numpy())
-                initial_epoch = max(initial_epoch, done // target)
-                resume_skip[initial_epoch] = done % target  # a mid-epoch checkpoint
-                keeper.checkpointer.nothing_left(done, epochs)
-        cbs = make_callbacks(callbacks, self.model, epochs, target, verbose)
-        persistent = iter(dist) if repeat else None
-
-        def train_epoch(epoch: int, progress: Progress, cbs: Any) -> Totals:
-            on_chunk = batch_reporter(cbs, progress, self.metrics)
-            iterator = persistent if persistent is not None else iter(dist)
-            skip = resume_skip.pop(epoch, 0)
-            return self._run(fn, iterator, (steps_per_epoch or target) - skip if skip else steps_per_epoch, on_chunk, keeper)
-
-        def validate() -> dict[str, float]:
-            return self.evaluate(validation_data, steps=validation_steps,
-                                 batch_size=validation_batch_size or batch_size, prefix="val_")
-
-        try:
-            with preemption_signals(enabled=keeper is not None):
-                return run_epochs(
-                    model=self.model, epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=target,
-                    callbacks=cbs, verbose=verbose, show=self.is_chief, train_epoch=train_epoch,
-                    validate=validate if validation_data is not None else None,
-                    train_logs=lambda t: t.logs(self.metrics), on_epoch_done=epoch_saver(keeper, self.global_step),
-                )
-        finally:
-            if keeper is not None:
-                keeper.close()
-            if tmpdir:
-                shutil.rmtree(tmpdir, ignore_errors=True)
-
-    def evaluate(self, data: Any, *, steps: int | None = None, batch_size: int | None = None,
-                 prefix: str = "") -> dict[str, float]:
-        """Evaluate every example once (or ``steps`` batches), in lockstep; logs dict."""
-        source = kd_data.as_source(data)
-        per_replica, global_batch = self._batches(batch_size)
-        dist, sample = self._distributed(source, per_replica, shuffle=False, seed=None, repeat=False)
-        self._ensure_metrics(sample)
-        fn = self._fn(False, self._global_batch_for(source, per_replica, global_batch, sample))
-        return self._run(fn, iter(dist), steps).logs(self.metrics, prefix)
-
-    def checkpoint(self) -> Any:
-        """A tf.train.Checkpoint of model, optimizer and the exact step."""
-        import tensorflow as tf
-
-        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 __all__ = ["plan_placement", "BalancedPlacer", "build"]
@@ -105,7 +106,14 @@ class BalancedPlacer:
 
 
 def _num_ps(strategy: Any) -> int:
-    return int(getattr(strategy.extended, "_num_ps", 0) or 0)
+    from ._private_apis import num_ps
+
+    return num_ps(strategy)
+
+
+#: model -> the placer that built it (later variables such as the step counter use the
+#: same loads), kept here rather than as an attribute on the user's model.
+_PLACERS: "weakref.WeakKeyDictionary[Any, BalancedPlacer]" = weakref.WeakKeyDictionary()
 
 
 def build(model_fn: Callable[[], Any], strategy: Any = None) -> Any:
@@ -115,8 +123,11 @@ def build(model_fn: Callable[[], Any], strategy: Any = None) -> Any:
     variables are built too, so they are placed while the planner is active. For a
     non-parameter-server strategy this is just ``with strategy.scope(): model_fn()``.
     """
-    from ._common import resolve_strategy
+    from ._common import resolve_strategy, strategy_kind
 
+    if strategy is not None and strategy_kind(strategy) is None:  # single process (outside a job)
+        with strategy.scope():
+            return _finish(model_fn())
     strategy = resolve_strategy(strategy, allow=("ps", "allreduce"))
     num_ps = _num_ps(strategy)
     if num_ps < 2:
@@ -128,7 +139,7 @@ def build(model_fn: Callable[[], Any], strategy: Any = None) -> Any:
     # round-robin creator sets a device scope and ours, called next, overrides it.
     with placer.scope(), strategy.scope():
         model = _finish(model_fn())
-    model._keras_distrib_placer = placer  # later variables (step counter) use the same loads
+    _PLACERS[model] = placer
     return model
 
 
@@ -145,7 +156,7 @@ def placement_scope(model: Any) -> contextlib.AbstractContextManager:
 
     Enter it *before* ``strategy.scope()`` (see `build`).
     """
-    placer = getattr(model, "_keras_distrib_placer", None)
+    placer = _PLACERS.get(model)
     return placer.scope() if placer is not None else contextlib.nullcontext()
 
 

@@ -19,6 +19,8 @@ import pytest
 
 from trainer_cluster import REPO, PsCluster
 
+from keras_distrib.trainers import trainer_for
+
 pytestmark = pytest.mark.local
 HAVE_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
@@ -132,15 +134,17 @@ def test_fit_callbacks_logs_and_exact_step(strategy: Any, digits: Any, tmp_path:
         model, (x_train, y_train), epochs=3, batch_size=32, callbacks=cbs,
         validation_data=(x_test, y_test), steps_per_execution=10, verbose=0, strategy=strategy,
     )
-    steps = int(np.ceil(len(x_train) / 32))  # 45: every example once per epoch
+    # Every example once per epoch; each worker batches its shard (719 + 718): 23 + 23 steps.
+    steps = 2 * int(np.ceil(len(x_train) / 2 / 32))
     assert set(history.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     assert len(history.history["loss"]) == 3
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert rec.began and rec.ended and len(rec.epoch_logs) == 3
     assert rec.epoch_logs[-1]["val_accuracy"] == history.history["val_accuracy"][-1]
     # Batch hooks at closure granularity: index of each closure's last step.
-    assert rec.batches[:5] == [9, 19, 29, 39, 44]
-    trainer = model._keras_distrib_trainer
+    epoch_ends = [i for i, b in enumerate(rec.batches) if b == steps - 1]
+    assert len(epoch_ends) == 3 and rec.batches[: epoch_ends[0] + 1] == sorted(rec.batches[: epoch_ends[0] + 1])
+    trainer = trainer_for(model)
     assert int(trainer.global_step.numpy()) == 3 * steps
     assert int(model.optimizer.iterations.numpy()) == 3 * steps  # synced at epoch end
     # Validation logs are exact: every test example evaluated once, matching a local pass.
@@ -202,7 +206,7 @@ def test_long_chunks_run_as_a_graph_loop(strategy: Any, digits: Any) -> None:
     k = ps_async.MAX_UNROLLED_STEPS + 8
     history = keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, steps_per_epoch=k + 5,
                                 steps_per_execution=k, verbose=0, strategy=strategy)
-    assert int(model._keras_distrib_trainer.global_step.numpy()) == k + 5
+    assert int(trainer_for(model).global_step.numpy()) == k + 5
     assert np.isfinite(history.history["loss"][0])
 
 
@@ -216,6 +220,7 @@ def test_disjoint_shards_every_example_once(cluster: PsCluster, strategy: Any) -
     coord = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     ids = np.arange(1001, dtype=np.int64)
     inp = PerWorkerInput(coord, kd.as_source((ids, ids)), batch_size=10, shuffle=True, seed=1, repeat=False)
+    iterator = inp.iterator(0)
 
     @tf.function
     def take(iterator: Any) -> Any:
@@ -225,7 +230,7 @@ def test_disjoint_shards_every_example_once(cluster: PsCluster, strategy: Any) -
         return tf.zeros([0], tf.int64)
 
     # More closures than batches: whichever worker gets them, every shard is drained.
-    rvs = [coord.schedule(take, args=(inp.iterator,)) for _ in range(2 * 101 + 20)]
+    rvs = [coord.schedule(take, args=(iterator,)) for _ in range(2 * 101 + 20)]
     coord.join()
     batches = [np.asarray(r.fetch()) for r in rvs]
     seen = np.concatenate(batches)
@@ -247,7 +252,7 @@ def test_evaluate_uneven_exact(strategy: Any, digits: Any) -> None:
     x, y = x_train[:1001], y_train[:1001]
     model = build(strategy)
     keras_distrib.fit(model, (x, y), epochs=1, batch_size=10, verbose=0, strategy=strategy)
-    assert int(model._keras_distrib_trainer.global_step.numpy()) == 101
+    assert int(trainer_for(model).global_step.numpy()) == 101
     logs = keras_distrib.evaluate(model, (x, y), batch_size=7, strategy=strategy)
     ref = local_eval(model, x, y)
     assert logs["accuracy"] == pytest.approx(ref["accuracy"], abs=1e-6)
@@ -301,8 +306,8 @@ def test_resume_restores_weights_optimizer_and_step(strategy: Any, digits: Any, 
     keras_distrib.fit(first, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy, checkpoint_dir=ckpt)
     weights = [np.asarray(v.value) for v in first.variables]
     slots = [np.asarray(v.value) for v in first.optimizer.variables]
-    step = int(first._keras_distrib_trainer.global_step.numpy())
-    assert step == 45
+    step = int(trainer_for(first).global_step.numpy())
+    assert step == 46  # 23 batches of each worker's shard (719 / 718 examples)
 
     second = build(strategy)
     history = keras_distrib.fit(second, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy, checkpoint_dir=ckpt)
@@ -311,9 +316,9 @@ def test_resume_restores_weights_optimizer_and_step(strategy: Any, digits: Any, 
         np.testing.assert_array_equal(a, np.asarray(b.value))
     for a, b in zip(slots, second.optimizer.variables):
         np.testing.assert_array_equal(a, np.asarray(b.value))
-    assert int(second._keras_distrib_trainer.global_step.numpy()) == step
+    assert int(trainer_for(second).global_step.numpy()) == step
     keras_distrib.fit(second, (x_train, y_train), epochs=2, batch_size=32, verbose=0, strategy=strategy, checkpoint_dir=ckpt)
-    assert int(second._keras_distrib_trainer.global_step.numpy()) == 2 * step
+    assert int(trainer_for(second).global_step.numpy()) == 2 * step
     assert int(second.optimizer.iterations.numpy()) == 2 * step
 
 
@@ -346,16 +351,22 @@ def test_converges_like_single_process(strategy: Any, digits: Any) -> None:
     assert dist_acc >= single_acc - 0.01, (single_accs, dist_accs)
 
 
-def test_errors_outside_job_and_wrong_layout(strategy: Any) -> None:
+def test_errors_outside_job_and_wrong_layout(strategy: Any, monkeypatch: Any, capsys: Any) -> None:
     import keras
 
     import keras_distrib
     from keras_distrib.trainers import AllReduceTrainer, TrainerError
 
-    plain = mlp()  # no strategy scope
+    data = (np.zeros((4, 64), "float32"), np.zeros(4, "int32"))
+    plain = mlp()  # no strategy scope, no TF_CONFIG: plain Keras model.fit, said in one line
+    history = keras_distrib.fit(plain, *data, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert "not inside a keras_distrib job" in capsys.readouterr().out
+    monkeypatch.setenv("KERAS_DISTRIB_LAYOUT", "allreduce")  # a job, but no strategy in scope
     with pytest.raises(TrainerError, match=r"HINT: .*python -m keras_distrib\.local --nodes 2 SCRIPT") as info:
-        keras_distrib.fit(plain, (np.zeros((4, 64), "float32"), np.zeros(4, "int32")))
+        keras_distrib.fit(mlp(), data)
     assert "HINT:" in str(info.value)
+    monkeypatch.delenv("KERAS_DISTRIB_LAYOUT")
     model = build(strategy)
     with pytest.raises(TrainerError, match="allreduce"):
         AllReduceTrainer(model, strategy)
@@ -364,3 +375,67 @@ def test_errors_outside_job_and_wrong_layout(strategy: Any) -> None:
     bad.compile(keras.optimizers.SGD(), "mse")  # optimizer created outside the scope
     with pytest.raises(TrainerError, match="optimizer was created outside"):
         keras_distrib.fit(bad, (np.zeros((4, 64), "float32"), np.zeros((4, 10), "float32")), strategy=strategy)
+
+
+def test_callback_contract_order_and_stop_at_a_chunk_boundary(strategy: Any, digits: Any) -> None:
+    """Keras' order of hooks (batch begin before its end, on_test_* during validation) and
+    model.stop_training honoured at the next scheduled-function boundary, not the epoch end."""
+    import keras
+
+    import keras_distrib
+
+    x_train, x_test, y_train, y_test = digits
+
+    class Order(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.events: list[str] = []
+
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.events.append("train_begin")
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.events.append("epoch_begin")
+
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            self.events.append("batch_begin")
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.events.append("batch_end")
+
+        def on_test_begin(self, logs: Any = None) -> None:
+            self.events.append("test_begin")
+
+        def on_test_end(self, logs: Any = None) -> None:
+            self.events.append("test_end")
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.events.append("epoch_end")
+
+        def on_train_end(self, logs: Any = None) -> None:
+            self.events.append("train_end")
+
+    order = Order()
+    model = build(strategy)
+    keras_distrib.fit(model, x_train, y_train, epochs=2, batch_size=32, validation_data=(x_test, y_test),
+                      callbacks=[order], steps_per_execution=5, verbose=0, strategy=strategy)
+    ev = order.events
+    assert ev[:3] == ["train_begin", "epoch_begin", "batch_begin"] and ev[-1] == "train_end"
+    assert ev.count("epoch_begin") == 2 and ev.count("test_begin") == ev.count("test_end") == 2
+    first_end = ev.index("batch_end")
+    assert "batch_begin" in ev[:first_end]  # announced before the work
+    assert ev.index("test_begin") > max(i for i, e in enumerate(ev[: ev.index("epoch_end")]) if e == "batch_end")
+
+    class StopAfterTwoChunks(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if batch >= 9:
+                self.model.stop_training = True
+
+    model = build(strategy)
+    history = keras_distrib.fit(model, x_train, y_train, epochs=3, batch_size=8, callbacks=[StopAfterTwoChunks()],
+                                steps_per_execution=5, verbose=0, strategy=strategy)
+    steps = int(trainer_for(model).global_step.numpy())
+    assert len(history.history["loss"]) == 1
+    # Stopped after the chunk that reached step 10; closures already in flight (at most
+    # 4 per worker, 5 steps each) still finish: far fewer than the epoch's 180 steps.
+    assert 10 <= steps <= 100, steps

@@ -100,3 +100,32 @@ def test_dataset_source_shards_batches() -> None:
     assert src.batched and src.num_examples == 4
     first = [b.numpy().tolist() for b in src.shard(0, 2)]
     assert first == [[0, 1, 2], [6, 7, 8]]
+
+
+@pytest.mark.parametrize("reshuffle", [True, False])
+def test_unseeded_dataset_shuffle_gives_every_worker_the_same_order(reshuffle: bool) -> None:
+    """Each worker rebuilds the user's pipeline; its shuffles are re-seeded identically, so
+    the shards are disjoint and complete in every epoch, and reshuffle_each_iteration still
+    changes the order between epochs."""
+    import tensorflow as tf
+
+    orders = []
+    for epoch in range(2):
+        seen = []
+        for worker in range(3):
+            ds = tf.data.Dataset.range(100).shuffle(100, reshuffle_each_iteration=reshuffle).batch(7)
+            src = kd.as_source(ds)  # a fresh dataset per worker, like an all-reduce script
+            seen += [int(v) for b in kd.pipeline(src, worker, 3, batch_size=None, shuffle=True, seed=0,
+                                                 repeat=False, epoch=epoch) for v in b.numpy()]
+        assert sorted(seen) == list(range(100))
+        orders.append(seen)
+    assert (orders[0] != orders[1]) == reshuffle
+
+
+def test_dataset_source_detects_batching() -> None:
+    import tensorflow as tf
+
+    examples = tf.data.Dataset.from_tensor_slices({"a": np.zeros((10, 3))})
+    assert not kd.as_source(examples).batched
+    assert kd.as_source(examples.map(lambda e: e).batch(4).prefetch(1)).batched
+    assert not kd.as_source(examples.batch(4).unbatch()).batched

@@ -1,0 +1,113 @@
+"""Accuracy parity (issue 10 §6): keras_distrib.fit vs single-process model.fit.
+
+Run as the SCRIPT of a job, once per layout and worker count, e.g.::
+
+    python -m keras_distrib.local --nodes 2 bench/accuracy_parity.py
+    python -m keras_distrib.local --nodes 3 --layout allreduce bench/accuracy_parity.py
+
+For every model class (MLP; CNN with BatchNorm and Dropout; a functional model with two
+named inputs; an LR schedule; an embedding model) and seed it trains the same model with
+plain ``model.fit`` in this process (no strategy) and with ``keras_distrib.fit``, same
+epochs and batch, on the digits data, and prints one JSON line per model with the mean
+test accuracies over the seeds and their difference (points). Rank 0 / the chief prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+import numpy as np
+
+
+def load() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = (d.data / 16.0).astype("float32")
+    return train_test_split(x, d.target.astype("int32"), test_size=0.2, random_state=0)
+
+
+def models(keras: Any, steps_per_epoch: int) -> dict[str, Callable[[], Any]]:
+    def compile_(m: Any, lr: Any = 1e-3) -> Any:
+        m.compile(keras.optimizers.Adam(lr), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return m
+
+    def mlp() -> Any:
+        return compile_(keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
+                                          keras.layers.Dense(10, activation="softmax")]))
+
+    def cnn_bn() -> Any:
+        return compile_(keras.Sequential([
+            keras.Input((64,)), keras.layers.Reshape((8, 8, 1)), keras.layers.Conv2D(16, 3, padding="same"),
+            keras.layers.BatchNormalization(), keras.layers.ReLU(), keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(), keras.layers.Dropout(0.2), keras.layers.Dense(10, activation="softmax")]))
+
+    def two_inputs() -> Any:
+        top, bottom = keras.Input((32,), name="top"), keras.Input((32,), name="bottom")
+        h = keras.layers.Concatenate()([keras.layers.Dense(64, activation="relu")(top),
+                                        keras.layers.Dense(64, activation="relu")(bottom)])
+        return compile_(keras.Model({"top": top, "bottom": bottom}, keras.layers.Dense(10, activation="softmax")(h)))
+
+    def lr_schedule() -> Any:
+        m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+        return compile_(m, keras.optimizers.schedules.ExponentialDecay(3e-3, steps_per_epoch, 0.8))
+
+    def embedding() -> Any:
+        return compile_(keras.Sequential([
+            keras.Input((64,), dtype="int32"), keras.layers.Embedding(17, 8),
+            keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10, activation="softmax")]))
+
+    return {"mlp": mlp, "cnn_bn": cnn_bn, "two_inputs": two_inputs, "lr_schedule": lr_schedule,
+            "embedding": embedding}
+
+
+def inputs_for(name: str, x: np.ndarray) -> Any:
+    if name == "two_inputs":
+        return {"top": x[:, :32], "bottom": x[:, 32:]}
+    if name == "embedding":
+        return np.round(x * 16).astype("int32")
+    return x
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--models", default="mlp,cnn_bn,two_inputs,lr_schedule,embedding")
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seeds", type=int, default=3)
+    args = p.parse_args(argv)
+
+    import keras
+
+    import keras_distrib
+    from keras_distrib.trainers import placement, trainer_for
+
+    strategy = keras_distrib.strategy()  # first: the all-reduce strategy must precede TF ops
+    x_train, x_test, y_train, y_test = load()
+    builders = models(keras, int(np.ceil(len(x_train) / args.batch)))
+    for name in args.models.split(","):
+        single, dist = [], []
+        for seed in range(args.seeds):
+            xtr, xte = inputs_for(name, x_train), inputs_for(name, x_test)
+            keras.utils.set_random_seed(seed)
+            plain = builders[name]()
+            plain.fit(xtr, y_train, epochs=args.epochs, batch_size=args.batch, verbose=0)
+            single.append(float(plain.evaluate(xte, y_test, verbose=0, return_dict=True)["accuracy"]))
+            keras.utils.set_random_seed(seed)
+            model = placement.build(builders[name], strategy)
+            keras_distrib.fit(model, xtr, y_train, epochs=args.epochs, batch_size=args.batch, verbose=0,
+                              seed=seed, strategy=strategy)
+            dist.append(float(keras_distrib.evaluate(model, xte, y_test, strategy=strategy)["accuracy"]))
+        if getattr(trainer_for(model, strategy), "is_chief", True):
+            print(json.dumps({"model": name, "layout": keras_distrib.cluster().layout,
+                              "workers": keras_distrib.cluster().num_workers, "single": single, "distributed": dist,
+                              "diff_points": round(100 * (np.mean(dist) - np.mean(single)), 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Every private TensorFlow/Keras API the trainers use, each with the upstream limitation
+it works around. Nothing else in keras_distrib.trainers touches a private name, so an
+upgrade only has to re-check this module (and `TESTED_VERSIONS`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import warnings
+from typing import Any, Callable, Sequence
+
+#: The minor versions these private uses were tested with (pyproject.toml bounds them too).
+TESTED_VERSIONS = {"tensorflow": "2.21", "keras": "3.15"}
+
+_warned = False
+
+
+def warn_if_untested() -> None:
+    """One warning if the installed tensorflow/keras minor versions were not tested."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    found = {}
+    for name, tested in TESTED_VERSIONS.items():
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if ".".join(version.split(".")[:2]) != tested:
+            found[name] = version
+    if found:
+        have = ", ".join(f"{k} {v}" for k, v in found.items())
+        want = ", ".join(f"{k} {v}" for k, v in TESTED_VERSIONS.items())
+        warnings.warn(
+            f"keras_distrib.trainers was tested with {want} but found {have}: its private "
+            "TensorFlow/Keras uses (keras_distrib/trainers/_private_apis.py) may break. "
+            "HINT: pip install 'tensorflow==2.21.*' 'keras==3.15.*'",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+# ---------------------------------------------------------------- ClusterCoordinator
+
+def coordinator_workers(coordinator: Any) -> Sequence[Any]:
+    """The coordinator's worker objects.
+
+    Upstream: ``create_per_worker_dataset`` calls the same dataset function for every
+    worker (InputContext(1, 0)), so disjoint shards need one function per worker, which
+    only ``coordinator._cluster.workers[i].create_resource`` offers.
+    """
+    return coordinator._cluster.workers
+
+
+def per_worker_iterator(coordinator: Any, make_iterators: Sequence[Callable[[], Any]], dataset: Any) -> Any:
+    """A PerWorkerDistributedIterator whose worker ``i`` runs ``make_iterators[i]()``.
+
+    Upstream: there is no public way to build a per-worker iterator from different
+    functions; the RemoteValues need the iterator ``_type_spec`` that TF's own
+    ``PerWorkerDatasetFromDataset`` writes, so that ``schedule`` accepts them.
+    ``make_iterators[i]`` is re-run by the coordinator if worker ``i`` is recovered.
+    """
+    from tensorflow.python.distribute import input_lib
+    from tensorflow.python.distribute.coordinator import values as coord_values
+
+    workers = coordinator_workers(coordinator)
+    iters = tuple(w.create_resource(fn) for w, fn in zip(workers, make_iterators))
+    spec = input_lib.get_iterator_spec_from_dataset(coordinator.strategy, dataset)
+    for rv in iters:
+        rv._type_spec = spec
+    return coord_values.PerWorkerDistributedIterator(iters)
+
+
+def num_ps(strategy: Any) -> int:
+    """Number of ps tasks (upstream: ParameterServerStrategy has no public count)."""
+    return int(getattr(strategy.extended, "_num_ps", 0) or 0)
+
+
+# ---------------------------------------------------------------- tf.data graphs
+
+def dataset_graph_def(dataset: Any) -> Any:
+    """The GraphDef that creates ``dataset``.
+
+    Upstream: an eager dataset made on the chief cannot be sent to a remote worker (its
+    variant lives on the chief) and a shuffle without a seed draws a different order on
+    every worker; tf.distribute itself rebuilds datasets from this serialised graph.
+    """
+    from tensorflow.core.framework import graph_pb2
+
+    return graph_pb2.GraphDef().FromString(dataset._as_serialized_graph().numpy())
+
+
+def function_from_graph_def(graph_def: Any, inputs: Sequence[str], output: str) -> Any:
+    """A concrete function running ``graph_def`` (upstream: no public importer)."""
+    from tensorflow.python.eager import wrap_function
+
+    return wrap_function.function_from_graph_def(graph_def, list(inputs), output)
+
+
+# ---------------------------------------------------------------- Keras model internals
+
+def compiled_metrics(model: Any) -> Any:
+    """The model's compiled metrics container (upstream: Keras 3 does not expose the
+    CompileMetrics object whose stateless_* methods make cross-worker sums exact)."""
+    return getattr(model, "_compile_metrics", None)
+
+
+def compiled_loss(model: Any) -> Any:
+    """The model's compiled loss (None before compile); upstream: no public accessor."""
+    return getattr(model, "_compile_loss", None)
+
+
+def optimizer_strategy(optimizer: Any) -> Any:
+    """The tf.distribute strategy a Keras 3 optimizer was created under (upstream: the
+    TensorFlow optimizer keeps it privately; a mismatch fails late inside apply_gradients)."""
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
+def redirect_tensorboard(callback: Any, directory: str) -> None:
+    """Move a TensorBoard callback's already-derived writer paths under ``directory``
+    (upstream: TensorBoard computes them from ``log_dir`` in __init__; a non-chief
+    all-reduce worker must not write into the chief's directory)."""
+    import os
+
+    for attr in ("_log_write_dir", "_train_dir", "_val_dir"):
+        if hasattr(callback, attr):
+            setattr(callback, attr, os.path.join(directory, os.path.basename(str(getattr(callback, attr)))))

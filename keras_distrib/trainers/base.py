@@ -1,0 +1,351 @@
+"""`Trainer`: fit/evaluate, the epoch loop and checkpointing, written once.
+
+Modelled on Keras' own split (``keras.src.trainers.trainer.Trainer`` writes ``fit`` once;
+the backend trainers supply the step). Subclasses supply:
+
+* ``_input(source, ...)``: an input object with ``steps`` (steps per epoch when known)
+  and ``sample`` (a local dataset to build metrics from);
+* ``_run(inp, epoch, training, steps, hooks)``: run one epoch (or ``steps``) of the
+  input and return the `Totals`, calling ``hooks`` at every scheduled-function boundary;
+* ``global_step``, ``is_chief`` and ``_after_train_epoch``.
+
+Epoch rule (both layouts): an epoch is every example of every worker's shard exactly
+once (``steps_per_epoch`` not given). Each worker batches its own shard, so the final
+batch of each shard may be short: up to one short batch per worker per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import data as kd_data
+from ..checkpoints import preemption_signals
+from . import callbacks as cb_utils
+from ._common import CheckpointKeeper, TrainerError, check_model
+from .metrics import MetricSet, Totals
+
+
+@dataclass
+class ChunkHooks:
+    """What a runner calls around each scheduled function (one chunk of K steps)."""
+
+    before: Callable[[int], None]
+    after: Callable[[int, Totals], None]
+    stop: Callable[[], bool]
+    #: ``checkpoint_due(steps_done)``: a periodic checkpoint or a preemption is due (the
+    #: same answer on every process); the runner then makes the step exact (drains what is
+    #: in flight) and calls ``checkpoint_now()``, which saves and, after a preemption, stops.
+    checkpoint_due: Callable[[int], bool] = lambda _steps: False
+    checkpoint_now: Callable[[], None] = lambda: None
+
+
+def class_weights_to_sample_weights(y: Any, class_weight: dict[int, float]) -> np.ndarray:
+    """Keras' rule: the weight of each example's class (one-hot/probabilities: argmax)."""
+    y = np.asarray(y)
+    labels = y.argmax(axis=-1) if y.ndim > 1 and y.shape[-1] > 1 else y.reshape(len(y), -1)[:, 0]
+    labels = np.round(labels).astype(np.int64)
+    table = np.ones(int(max(labels.max(initial=0), max(class_weight, default=0))) + 1, np.float32)
+    for k, v in class_weight.items():
+        table[int(k)] = v
+    return table[labels]
+
+
+def _split_arrays(nest: Any, at: int) -> tuple[Any, Any]:
+    import keras
+
+    first = keras.tree.map_structure(lambda a: None if a is None else a[:at], nest)
+    second = keras.tree.map_structure(lambda a: None if a is None else a[at:], nest)
+    return first, second
+
+
+def as_data(x: Any, y: Any = None, sample_weight: Any = None, class_weight: Any = None) -> Any:
+    """Keras' fit(x, y, sample_weight, class_weight) arguments as one data object."""
+    if class_weight is not None:
+        if sample_weight is not None:
+            raise TrainerError(
+                "class_weight and sample_weight were both given. HINT: multiply the class "
+                "weights into sample_weight yourself (Keras refuses both too)."
+            )
+        if y is None:
+            raise TrainerError(
+                "class_weight needs arrays x and y. HINT: with a dataset, map class weights "
+                "into a third (sample_weight) element of each batch."
+            )
+        sample_weight = class_weights_to_sample_weights(y, class_weight)
+    if y is None and sample_weight is None:
+        return x
+    return (x, y) if sample_weight is None else (x, y, sample_weight)
+
+
+class Trainer:
+    """Distributed fit/evaluate for a compiled Keras 3 model; see the module docstring."""
+
+    #: Steps run inside one scheduled function when the caller does not say.
+    default_steps_per_execution = 10
+
+    def __init__(self, model: Any, strategy: Any, *, steps_per_execution: int | None = None) -> None:
+        self.strategy = strategy
+        self.model = model
+        self.optimizer = check_model(model, strategy)
+        self.steps_per_execution = max(1, int(steps_per_execution or self.default_steps_per_execution))
+        self.metrics = MetricSet(model)
+        #: Per trained epoch: {"epoch", "seconds", "steps", "steps_per_sec"} (public).
+        self.epoch_stats: list[dict[str, float]] = []
+
+    # ------------------------------------------------------------ subclass interface
+
+    is_chief: bool = True
+    #: The checkpoint keeper of the fit() in progress (None: no checkpoint_dir).
+    _keeper: CheckpointKeeper | None = None
+
+    @property
+    def global_step(self) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None,
+               repeat: bool) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _run(self, inp: Any, epoch: int, *, training: bool, steps: int | None,
+             hooks: ChunkHooks) -> Totals:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _after_train_epoch(self) -> None:
+        """Called once an epoch's training steps are all done (before validation)."""
+
+    def _agree(self, flag: bool) -> bool:
+        """``flag`` made the same on every process that runs this loop (all-reduce)."""
+        return flag
+
+    def reset_functions(self) -> None:
+        """Forget traced functions (after changing steps_per_execution)."""
+
+    # ------------------------------------------------------------ checkpointing (one place)
+
+    def _checkpoint_keeper(self, checkpoint_dir: str | None, steps_per_epoch: int) -> CheckpointKeeper | None:
+        if not checkpoint_dir:
+            return None
+        keeper = CheckpointKeeper(checkpoint_dir, self.model, self.optimizer, self.global_step, is_chief=self.is_chief)
+        keeper.checkpointer.steps_per_epoch = steps_per_epoch
+        return keeper
+
+    def _resume(self, keeper: CheckpointKeeper | None, steps_per_epoch: int, initial_epoch: int,
+                epochs: int) -> tuple[int, int]:
+        """(first epoch, steps of it already done) after restoring the newest checkpoint.
+
+        A mid-epoch checkpoint resumes that epoch for its remaining step count, over a
+        fresh pass of the shards (README "Resilience": which examples that is).
+        """
+        if keeper is None or not keeper.restore():
+            return initial_epoch, 0
+        self._after_train_epoch()
+        done = int(self.global_step.numpy())
+        keeper.checkpointer.nothing_left(done, epochs)
+        epoch, skip = divmod(done, steps_per_epoch)
+        if epoch < initial_epoch:
+            return initial_epoch, 0
+        return epoch, skip
+
+    def _save_checkpoint(self, keeper: CheckpointKeeper | None) -> None:
+        if keeper is not None:
+            keeper.save(int(self.global_step.numpy()))
+
+    # ------------------------------------------------------------ shared helpers
+
+    def _ensure_metrics(self, inp: Any) -> None:
+        if self.metrics.metric is not None and not self.metrics.metric.built:
+            self.metrics.build(self.model, next(iter(inp.sample.take(1))))
+
+    def _prepare(self, data: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool) -> Any:
+        source = kd_data.as_source(data)
+        if isinstance(source, kd_data.DatasetSource) and seed is not None:
+            source.seed = int(seed)
+        inp = self._input(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat)
+        self._ensure_metrics(inp)
+        return inp
+
+    def _hooks(self, callbacks: Any, epoch: int, training: bool) -> ChunkHooks:
+        """Batch callbacks at chunk granularity (begin before the chunk is run/scheduled,
+        end with running logs once its result is in), the non-finite check and the stop
+        flag, at every scheduled-function boundary."""
+        begin = callbacks.on_train_batch_begin if training else callbacks.on_test_batch_begin
+        end = callbacks.on_train_batch_end if training else callbacks.on_test_batch_end
+        wants_logs = cb_utils.needs_batch_logs(callbacks)
+
+        def after(last: int, totals: Totals) -> None:
+            if training and not totals.finite:
+                raise TrainerError(
+                    f"non-finite loss or gradients in epoch {epoch + 1}, by step {last + 1} "
+                    f"(loss {totals.loss_sum / max(totals.count, 1):.4g}); training stopped. "
+                    "HINT: lower the learning rate, check the inputs for NaN/inf, or clip gradients "
+                    "(optimizer clipnorm=...)."
+                )
+            end(last, totals.logs(self.metrics) if wants_logs else {})
+
+        def stop() -> bool:
+            return bool(training and getattr(self.model, "stop_training", False))
+
+        keeper = self._keeper if training else None
+        if keeper is None:
+            return ChunkHooks(before=begin, after=after, stop=stop)
+        start = int(self.global_step.numpy())
+
+        def checkpoint_due(steps_done: int) -> bool:
+            return self._agree(keeper.checkpointer.wants_save(start + steps_done))
+
+        def checkpoint_now() -> None:
+            keeper.checkpointer.at_boundary(int(self.global_step.numpy()))
+
+        return ChunkHooks(before=begin, after=after, stop=stop, checkpoint_due=checkpoint_due,
+                          checkpoint_now=checkpoint_now)
+
+    def _evaluate(self, inp: Any, callbacks: Any, *, steps: int | None, prefix: str) -> dict[str, float]:
+        callbacks.on_test_begin()
+        totals = self._run(inp, 0, training=False, steps=steps, hooks=self._hooks(callbacks, 0, training=False))
+        logs = totals.logs(self.metrics)
+        callbacks.on_test_end(logs)
+        return {prefix + k: v for k, v in logs.items()}
+
+    # ------------------------------------------------------------ public API
+
+    def fit(
+        self,
+        x: Any = None,
+        y: Any = None,
+        *,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        verbose: Any = "auto",
+        callbacks: Sequence[Any] | None = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool = True,
+        class_weight: dict[int, float] | None = None,
+        sample_weight: Any = None,
+        initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
+        validation_freq: int = 1,
+        seed: int | None = 0,
+        checkpoint_dir: str | None = None,
+    ) -> Any:
+        """Train like ``model.fit``; see `keras_distrib.trainers.fit`. Returns the History."""
+        data = as_data(x, y, sample_weight, class_weight)
+        if validation_split:
+            if validation_data is not None:
+                validation_split = 0.0  # Keras: validation_data wins
+            elif not isinstance(data, (tuple, list, np.ndarray)) or isinstance(kd_data.as_source(data), kd_data.DatasetSource):
+                raise TrainerError(
+                    f"validation_split={validation_split} needs in-memory arrays (x, y). HINT: pass "
+                    "validation_data= for a dataset or a keras_distrib.data source."
+                )
+            else:
+                n = kd_data.as_source(data).num_examples
+                at = int(n * (1.0 - validation_split))  # Keras: the last fraction, before shuffling
+                data, validation_data = _split_arrays(tuple(data), at)
+        verbose = cb_utils.resolve_verbose(verbose)
+        repeat = steps_per_epoch is not None
+        train = self._prepare(data, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat)
+        target = steps_per_epoch or train.steps
+        if target is None:
+            raise TrainerError(
+                "the training data has unknown size and steps_per_epoch is not given. HINT: pass "
+                "steps_per_epoch=..., or num_examples= to the keras_distrib.data source."
+            )
+        val = None
+        if validation_data is not None:
+            val = self._prepare(validation_data, batch_size=validation_batch_size or batch_size,
+                                shuffle=False, seed=None, repeat=False)
+
+        callbacks = list(callbacks or [])
+        tmpdir = None if self.is_chief else tempfile.mkdtemp(prefix="keras_distrib_worker_")
+        if tmpdir:
+            cb_utils.redirect_writers(callbacks, tmpdir)
+        keeper = self._checkpoint_keeper(checkpoint_dir, target)
+        self._keeper = keeper
+        try:
+            initial_epoch, done_in_epoch = self._resume(keeper, target, initial_epoch, epochs)
+            cbs = cb_utils.callback_list(callbacks, self.model, epochs=epochs, steps=target,
+                                         verbose=verbose, show=self.is_chief)
+            with preemption_signals(enabled=keeper is not None):
+                return self._epoch_loop(cbs, train, val, epochs=epochs, initial_epoch=initial_epoch,
+                                        steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                                        validation_freq=validation_freq, keeper=keeper,
+                                        resume_steps=target - done_in_epoch if done_in_epoch else None)
+        finally:
+            self._keeper = None
+            if keeper is not None:
+                keeper.close()
+            if tmpdir:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+
+    def _epoch_loop(self, cbs: Any, train: Any, val: Any, *, epochs: int, initial_epoch: int,
+                    steps_per_epoch: int | None, validation_steps: int | None, validation_freq: int,
+                    keeper: CheckpointKeeper | None, resume_steps: int | None = None) -> Any:
+        self.model.stop_training = False
+        cbs.on_train_begin()
+        logs: dict[str, float] = {}
+        for epoch in range(initial_epoch, epochs):
+            cbs.on_epoch_begin(epoch)
+            start = time.perf_counter()
+            # The epoch a mid-epoch checkpoint resumes runs only its remaining steps.
+            steps = resume_steps if epoch == initial_epoch and resume_steps else steps_per_epoch
+            totals = self._run(train, epoch, training=True, steps=steps,
+                               hooks=self._hooks(cbs, epoch, training=True))
+            self._after_train_epoch()
+            seconds = time.perf_counter() - start
+            self.epoch_stats.append({"epoch": epoch, "seconds": seconds, "steps": totals.steps,
+                                     "steps_per_sec": totals.steps / max(seconds, 1e-9)})
+            logs = totals.logs(self.metrics)
+            if val is not None and (epoch + 1) % max(1, validation_freq) == 0:
+                logs.update(self._evaluate(val, cbs, steps=validation_steps, prefix="val_"))
+            self._save_checkpoint(keeper)
+            cbs.on_epoch_end(epoch, logs)
+            if self._agree(bool(self.model.stop_training)):
+                break
+        cbs.on_train_end(logs)
+        return self.model.history
+
+    def evaluate(
+        self,
+        x: Any = None,
+        y: Any = None,
+        *,
+        batch_size: int | None = None,
+        verbose: Any = 0,
+        sample_weight: Any = None,
+        steps: int | None = None,
+        callbacks: Sequence[Any] | None = None,
+        prefix: str = "",
+    ) -> dict[str, float]:
+        """Every example once (or ``steps`` batches); returns ``{"loss": ..., metric: ...}``."""
+        inp = self._prepare(as_data(x, y, sample_weight), batch_size=batch_size, shuffle=False,
+                            seed=None, repeat=False)
+        cbs = cb_utils.callback_list(callbacks, self.model, epochs=1, steps=steps or inp.steps,
+                                     verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)
+        return self._evaluate(inp, cbs, steps=steps, prefix=prefix)
+
+    def checkpoint(self) -> Any:
+        """A tf.train.Checkpoint of model, optimizer and the exact step."""
+        import tensorflow as tf
+
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
+
+
+def steps_for_shards(num_examples: int | None, num_shards: int, batch_size: int | None) -> list[int] | None:
+    """Batches of each shard in one epoch (``batch_size`` None: elements are batches)."""
+    if num_examples is None:
+        return None
+    sizes = kd_data.shard_sizes(num_examples, num_shards)
+    if batch_size is None:
+        return sizes
+    return [math.ceil(s / batch_size) for s in sizes]
+

@@ -1,0 +1,63 @@
+"""Callback handling: Keras' own CallbackList and ProgbarLogger, and quiet non-chief workers."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from . import _private_apis as private
+
+
+def resolve_verbose(verbose: Any) -> int:
+    """Keras' rule: "auto" means 1."""
+    return 1 if verbose == "auto" else int(verbose)
+
+
+def callback_list(callbacks: Sequence[Any] | None, model: Any, *, epochs: int, steps: int | None,
+                  verbose: int, show: bool) -> Any:
+    """A ``keras.callbacks.CallbackList`` with History and (when shown) Keras' ProgbarLogger,
+    exactly as ``model.fit`` builds it; ``show=False`` (non-chief workers) means no bar."""
+    import keras
+
+    verbose = verbose if show else 0
+    return keras.callbacks.CallbackList(
+        list(callbacks or []), add_history=True, add_progbar=verbose != 0, model=model,
+        epochs=epochs, steps=steps, verbose=verbose,
+    )
+
+
+def needs_batch_logs(callbacks: Any) -> bool:
+    """True if someone reads per-batch logs: a callback overriding a batch hook, or a bar."""
+    import keras
+
+    base = keras.callbacks.Callback
+    hooks = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end",
+             "on_test_batch_end")
+    for cb in callbacks.callbacks:
+        if isinstance(cb, keras.callbacks.ProgbarLogger):
+            if cb.verbose in (1, "auto"):
+                return True
+            continue
+        if any(getattr(type(cb), h, None) is not getattr(base, h) for h in hooks):
+            return True
+    return False
+
+
+def redirect_writers(callbacks: Sequence[Any], tmpdir: str) -> None:
+    """Point file-writing callbacks of a non-chief worker into ``tmpdir``."""
+    import keras
+
+    for i, cb in enumerate(callbacks):
+        sub = os.path.join(tmpdir, f"cb{i}")
+        if isinstance(cb, keras.callbacks.ModelCheckpoint):
+            cb.filepath = os.path.join(sub, os.path.basename(str(cb.filepath)))
+        elif isinstance(cb, keras.callbacks.CSVLogger):
+            cb.filename = os.path.join(sub, os.path.basename(str(cb.filename)))
+        elif isinstance(cb, keras.callbacks.TensorBoard):
+            cb.log_dir = sub
+            private.redirect_tensorboard(cb, sub)
+        elif isinstance(cb, keras.callbacks.BackupAndRestore):
+            cb.backup_dir = sub
+        else:
+            continue
+        os.makedirs(sub, exist_ok=True)
