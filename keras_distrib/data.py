@@ -17,7 +17,6 @@ own dataset function with its index baked in, see ``trainers/ps_async.py``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -92,12 +91,14 @@ def shard_files(files: Sequence[str], index: int, num_shards: int) -> list[str]:
 
 
 def worker_rank() -> tuple[int, int]:
-    """(rank, number of workers) of this process from TF_CONFIG; (0, 1) without it."""
-    cfg = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    cluster, task = cfg.get("cluster", {}), cfg.get("task", {})
-    workers = len(cluster.get("worker", [])) or 1
-    rank = int(task.get("index", 0)) if task.get("type") == "worker" else 0
-    return rank, workers
+    """(rank, number of workers) of this process, from what the launcher passed (contract.py)."""
+    from . import contract
+
+    if not contract.in_job(os.environ):
+        return 0, 1
+    job, index = contract.read_task(os.environ)
+    workers = len(contract.read_tf_cluster(os.environ).get("worker", [])) or 1
+    return (index if job == "worker" else 0), workers
 
 
 class Source(Protocol):

@@ -88,16 +88,16 @@ def strategy() -> Any:
 
     ps-per-node / worker-per-gpu: ParameterServerStrategy (this process is the chief).
     allreduce: MultiWorkerMirroredStrategy, NCCL collectives when GPUs are present.
-    Outside a job (no TF_CONFIG): TensorFlow's default single-process strategy, with one
+    Outside a job (no plan file, no TF_CONFIG): TensorFlow's default single-process strategy, with one
     line saying so, so the same script runs on a laptop (`keras_distrib.fit` then calls
     ``model.fit``).
     """
-    if "TF_CONFIG" not in os.environ:
+    if not contract.in_job(os.environ):
         import sys
 
         import tensorflow as tf
 
-        print("keras_distrib: not inside a keras_distrib job (no TF_CONFIG): running in this single "
+        print("keras_distrib: not inside a keras_distrib job: running in this single "
               "process with plain Keras", file=sys.stderr, flush=True)
         return tf.distribute.get_strategy()
     info = cluster()

@@ -64,10 +64,12 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
 
 
 def _single_process(model: Any, strategy: Any) -> bool:
-    """True outside a job: no TF_CONFIG, no trainer yet and no distribution strategy."""
+    """True outside a job: no plan/TF_CONFIG, no trainer yet and no distribution strategy."""
     import os
 
-    if "TF_CONFIG" in os.environ or model in _TRAINERS:
+    from .. import contract
+
+    if contract.in_job(os.environ) or model in _TRAINERS:
         return False
     from ._common import strategy_kind
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+from .. import contract
 from . import _private_apis as private
 
 RUN_HINT = (
@@ -39,7 +40,7 @@ def resolve_strategy(strategy: Any = None, allow: Sequence[str] = ("ps", "allred
 
     if strategy is None:
         strategy = tf.distribute.get_strategy()
-        if _kind(strategy) is None and "TF_CONFIG" in os.environ:
+        if _kind(strategy) is None and contract.in_job(os.environ):
             # In a job, outside any scope: the job's strategy (created once per process).
             from ..strategies import strategy as job_strategy
 

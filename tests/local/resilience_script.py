@@ -12,6 +12,7 @@ import sys
 import numpy as np
 
 import keras_distrib
+import keras_distrib.trainers
 
 strategy = keras_distrib.strategy()
 import keras  # noqa: E402
@@ -27,7 +28,7 @@ with strategy.scope():
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
 history = keras_distrib.fit(model, (x, y), epochs=epochs, steps_per_epoch=steps, batch_size=32, verbose=2,
                             checkpoint_dir=directory)
-step = int(model._keras_distrib_trainer.global_step.numpy())
+step = int(keras_distrib.trainers.trainer_for(model).global_step.numpy())
 digest = hashlib.sha1(b"".join(np.asarray(w).tobytes() for w in model.get_weights())).hexdigest()
 print(json.dumps({"step": step, "epochs_run": len(history.history.get("loss", [])),
                   "accuracy": history.history.get("accuracy", [None])[-1], "weights": digest}), flush=True)
