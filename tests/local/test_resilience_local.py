@@ -107,7 +107,8 @@ def test_ps_layout_survives_a_worker_a_ps_and_the_chief_dying(tmp_path: Path) ->
 def test_allreduce_worker_death_restarts_all_workers_from_the_checkpoint(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     epochs, steps = 4, 150
-    job = Job(["--nodes", "2", "--layout", "allreduce", "--port-base", "25700", "--checkpoint-every", "20steps",
+    # --verbose: worker 1 is quiet by default, and its result line is compared.
+    job = Job(["--nodes", "2", "--layout", "allreduce", "--verbose", "--port-base", "25700", "--checkpoint-every", "20steps",
                "--startup-timeout", "600", str(SCRIPT), str(ck), str(epochs), str(steps)], tmp_path)
     try:
         assert wait_for(lambda: bool(checkpoints(ck)), 600), job.text()[-3000:]
