@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import hostlist
+
+if TYPE_CHECKING:
+    from .tasks import Tasks
 
 
 class ClusterConfigError(ValueError):
@@ -104,6 +108,24 @@ class ClusterParser(ABC):
         """Describe the job; raise ClusterConfigError on malformed input."""
 
     # Helpers shared by parsers -------------------------------------------------
+
+    def job_info(self, job_id: str, nodes: Sequence[str], slots: Sequence[int], tasks: Tasks,
+                 gpus: tuple[str, ...]) -> JobInfo:
+        """The JobInfo of nodes with ``slots``, placed by the launched-task rule (tasks.py),
+        every node with the same ``gpus``."""
+        return JobInfo(
+            scheduler=self.name,
+            job_id=job_id,
+            nodes=tuple(nodes),
+            tasks_per_node=tasks.tasks_per_node,
+            rank=tasks.rank,
+            local_rank=tasks.local_rank,
+            node_index=tasks.node_index,
+            tasks_source=tasks.source,
+            tasks_launched=tasks.launched,
+            slots_per_node=tuple(slots),
+            node_gpus=tuple(gpus for _ in nodes),
+        )
 
     def require(self, *names: str, hint: str) -> tuple[str, str]:
         """Return ``(name, value)`` of the first of ``names`` that is set."""

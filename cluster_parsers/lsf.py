@@ -40,19 +40,7 @@ class LsfParser(ClusterParser):
             self.env, nodes, slots, source, self.agent_launch_hint, slot_hosts=compute_slot_hosts
         )
         gpus = split_gpu_ids(self.gpu_vars[0], self.env.get(self.gpu_vars[0], ""))
-        return JobInfo(
-            scheduler=self.name,
-            job_id=job_id,
-            nodes=tuple(nodes),
-            tasks_per_node=tasks.tasks_per_node,
-            rank=tasks.rank,
-            local_rank=tasks.local_rank,
-            node_index=tasks.node_index,
-            tasks_source=tasks.source,
-            tasks_launched=tasks.launched,
-            slots_per_node=tuple(slots),
-            node_gpus=tuple(gpus for _ in nodes),
-        )
+        return self.job_info(job_id, nodes, slots, tasks, gpus)
 
     def _launch_hosts(self, nodes: list[str], slots: list[int]) -> int:
         """How many leading hosts are launch/login hosts rather than compute nodes.

@@ -45,19 +45,7 @@ class PbsParser(ClusterParser):
             slot_rank=self._slot_rank(),
         )
         gpus = split_gpu_ids(self.gpu_vars[0], self.env.get(self.gpu_vars[0], ""))
-        return JobInfo(
-            scheduler=self.name,
-            job_id=job_id,
-            nodes=tuple(nodes),
-            tasks_per_node=tasks.tasks_per_node,
-            rank=tasks.rank,
-            local_rank=tasks.local_rank,
-            node_index=tasks.node_index,
-            tasks_source=tasks.source,
-            tasks_launched=tasks.launched,
-            slots_per_node=tuple(slots),
-            node_gpus=tuple(gpus for _ in nodes),
-        )
+        return self.job_info(job_id, nodes, slots, tasks, gpus)
 
     def _slot_rank(self) -> int | None:
         if self.env.get(self.slot_rank_var):

@@ -46,19 +46,7 @@ class SgeParser(ClusterParser):
             if var in self.env:
                 gpus = split_gpu_ids(var, self.env[var].replace(" ", ","))
                 break
-        return JobInfo(
-            scheduler=self.name,
-            job_id=job_id,
-            nodes=tuple(nodes),
-            tasks_per_node=tasks.tasks_per_node,
-            rank=tasks.rank,
-            local_rank=tasks.local_rank,
-            node_index=tasks.node_index,
-            tasks_source=tasks.source,
-            tasks_launched=tasks.launched,
-            slots_per_node=tuple(slots),
-            node_gpus=tuple(gpus for _ in nodes),
-        )
+        return self.job_info(job_id, nodes, slots, tasks, gpus)
 
     def _slots_agree(self, nslots: int, slots: list[int]) -> bool:
         """NSLOTS is the job's total, except in a task started by ``qrsh -inherit HOST``:

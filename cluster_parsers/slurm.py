@@ -72,19 +72,7 @@ class SlurmParser(ClusterParser):
                 )
         tasks = self._tasks(nodes, slots, source, nodes_var, in_step)
         gpus = self._gpus()
-        return JobInfo(
-            scheduler=self.name,
-            job_id=job_id,
-            nodes=tuple(nodes),
-            tasks_per_node=tasks.tasks_per_node,
-            rank=tasks.rank,
-            local_rank=tasks.local_rank,
-            node_index=tasks.node_index,
-            tasks_source=tasks.source,
-            tasks_launched=tasks.launched,
-            slots_per_node=tuple(slots),
-            node_gpus=tuple(gpus for _ in nodes),
-        )
+        return self.job_info(job_id, nodes, slots, tasks, gpus)
 
     def _tasks(self, nodes: list[str], slots: list[int], source: str, nodes_var: str, in_step: bool) -> Tasks:
         """srun's own placement in a step; otherwise the shared rule (mpirun in an sbatch shell).

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from _unit_helpers import FIXTURES, fixture_env, run_cli
 
 from cluster_parsers import JobInfo
+from keras_distrib import contract
 from keras_distrib.plan import build_plan, jax_env
 
 pytestmark = pytest.mark.unit
@@ -107,37 +109,40 @@ def test_jax_per_gpu_with_one_task_per_gpu() -> None:
         ("gpu07", ["2"], "0"), ("gpu07", ["3"], "0"), ("gpu08", ["2"], "0"), ("gpu08", ["3"], "0")]
 
 
-def job_env(layout: str, index: int) -> dict[str, str]:
+def job_env(layout: str, index: int, directory: Path) -> dict[str, str]:
+    """What the agent passes to worker ``index`` (contract.py), the plan file in ``directory``."""
     plan = build_plan(job(()), layout)
     proc = plan.find("worker", index)
-    return {"TF_CONFIG": json.dumps(plan.tf_config(proc)), "KERAS_DISTRIB_PLAN": json.dumps(plan.to_json()),
-            **jax_env(plan, proc)}
+    plan_file = contract.write_plan_file(json.dumps(plan.to_json()), str(directory))
+    variables = contract.child_variables(plan_file, (proc.job, proc.index), proc.node, plan.layout, plan.protocol,
+                                         180.0, json.dumps(plan.tf_config(proc)))
+    return {**variables, **jax_env(plan, proc)}
 
 
-def test_inside_script_the_tensorflow_helpers_refuse_the_jax_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inside_script_the_tensorflow_helpers_refuse_the_jax_layout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from keras_distrib.jax_distribution import distribution
     from keras_distrib.strategies import NotInJobError, cluster, strategy
 
-    for key, value in job_env("jax", 1).items():
+    for key, value in job_env("jax", 1, tmp_path).items():
         monkeypatch.setenv(key, value)
     info = cluster()
     assert (info.layout, info.index, info.is_chief) == ("jax", 1, False)
     with pytest.raises(NotInJobError, match=r"HINT: call keras_distrib.distribution\(\) before building the model"):
         strategy()  # keras_distrib.fit resolves its strategy through this
-    for key, value in job_env("allreduce", 0).items():
+    for key, value in job_env("allreduce", 0, tmp_path).items():
         monkeypatch.setenv(key, value)
     with pytest.raises(NotInJobError, match="HINT: launch with --layout jax"):
         distribution()
 
 
-def test_process_0_is_the_one_that_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_process_0_is_the_one_that_writes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from keras_distrib.jax_distribution import chief_path
     from keras_distrib.strategies import cluster
 
-    for key, value in job_env("jax", 0).items():
+    for key, value in job_env("jax", 0, tmp_path).items():
         monkeypatch.setenv(key, value)
     assert cluster().is_chief and chief_path("out/model.keras") == "out/model.keras"
-    for key, value in job_env("jax", 1).items():
+    for key, value in job_env("jax", 1, tmp_path).items():
         monkeypatch.setenv(key, value)
     elsewhere = chief_path("out/model.keras")
     assert elsewhere != "out/model.keras" and elsewhere.endswith("/model.keras")
