@@ -15,8 +15,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
-# report.py formats the others' results rather than measuring: tested on its own below.
-PROGRAMS = sorted(p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_") and p.stem != "report")
+# report.py formats the others' results rather than measuring, and accuracy_parity.py is a
+# job SCRIPT (run under the launcher): each is tested on its own below.
+PROGRAMS = sorted(p.stem for p in BENCH.glob("*.py")
+                  if not p.name.startswith("_") and p.stem not in ("report", "accuracy_parity"))
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 
@@ -78,3 +80,14 @@ def test_report_formats_measured_results(tmp_path: Path) -> None:
     assert f"| {measured:.3f} |" in out
     assert "| ps_throughput | not run |" in out
 
+
+
+def test_accuracy_parity_runs_as_a_job_script(tmp_path: Path) -> None:
+    """The smallest accuracy-parity run: one model class with two named inputs, one epoch, one seed."""
+    proc = subprocess.run([sys.executable, "-m", "keras_distrib.local", "--nodes", "2", str(BENCH / "accuracy_parity.py"),
+                           "--models", "two_inputs", "--epochs", "1", "--seeds", "1"],
+                          cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '] {"model"' in line]
+    assert [r["model"] for r in rows] == ["two_inputs"], proc.stdout[-3000:]
+    assert 0.0 <= rows[0]["single"][0] <= 1.0 and 0.0 <= rows[0]["distributed"][0] <= 1.0
