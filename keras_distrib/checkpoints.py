@@ -286,7 +286,9 @@ class Checkpointer:
         if self.show:
             reached = self.store.last_progress()
             lost = f"; the {reached - meta.step} steps trained after it are redone" if reached and reached > meta.step else ""
-            say(f"resuming from {path} (epoch {meta.epoch + 1}, step {meta.step}){lost}.")
+            where = (f"the end of epoch {meta.epoch}" if meta.step_in_epoch == 0 and meta.epoch
+                     else f"epoch {meta.epoch + 1}, {meta.step_in_epoch} steps into it")
+            say(f"resuming from {path} ({where}, step {meta.step}){lost}.")
         return meta.step
 
     def save(self, step: int) -> Path | None:

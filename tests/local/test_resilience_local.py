@@ -170,5 +170,5 @@ def test_sigusr1_checkpoints_at_a_step_boundary_then_a_rerun_resumes(tmp_path: P
     assert job.count("cannot requeue: a local job is not a batch job") == 1
     rerun = Job(args, tmp_path)
     assert rerun.wait() == 0, rerun.text()[-3000:]
-    assert rerun.count(f"resuming from {ck}/ckpt-{step:012d} (epoch {step // steps + 1}, step {step})") == 1
+    assert rerun.count(f"resuming from {ck}/ckpt-{step:012d} (epoch {step // steps + 1}, {step % steps} steps into it, step {step})") == 1
     assert rerun.result("[local0 chief:0]")["step"] == epochs * steps
