@@ -86,7 +86,9 @@ class OutputFilter:
         self.tail.append(line)
         if self._traceback or line.startswith(_TRACEBACK_START):
             self._traceback.append(line)
-            if line[:1] in (b" ", b"\t") or line.startswith(_TRACEBACK_START):
+            # Indented frames, and blank lines (Python prints one where a frame's source
+            # line is missing), belong to the traceback.
+            if line[:1] in (b" ", b"\t") or not line.strip() or line.startswith(_TRACEBACK_START):
                 return []
             # The first unindented line after the header is the exception itself.
             held, self._traceback = self._traceback, []

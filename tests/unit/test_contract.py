@@ -110,6 +110,10 @@ def test_ctrl_c_traceback_becomes_one_line_other_tracebacks_stay() -> None:
     failing = interrupted[:3] + [b"ValueError: bad\n"]
     assert shown(OutputFilter(), failing) == failing
     assert shown(OutputFilter(), failing[:2]) == failing[:2]  # an unfinished traceback is flushed
+    # Seen with Ctrl-C inside Keras: a frame without its source line leaves a blank line.
+    blank = interrupted[:2] + [b'  File "base.py", line 120, in _after_train_epoch\n', b"    def f(self):\n", b"\n",
+                               b"KeyboardInterrupt\n"]
+    assert shown(OutputFilter(), blank) == [b"interrupted (KeyboardInterrupt)\n"]
 
 
 def test_quiet_child_shows_nothing_but_keeps_its_tail() -> None:
