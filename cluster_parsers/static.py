@@ -23,6 +23,21 @@ from .tasks import launched_tasks, launcher_counts
 MAX_TASKS_PER_NODE = 4096
 
 
+def read_yaml(where: str, path: str) -> Any:
+    """The YAML document at ``path``; any unreadable or malformed file is one ClusterConfigError
+    that names ``where`` (also used for the launcher's --config file)."""
+    try:
+        with open(path, "rb") as fh:  # bytes: yaml reports undecodable input as a YAMLError
+            return yaml.safe_load(fh)
+    except OSError as exc:
+        raise ClusterConfigError(f"{where} cannot be read ({exc.strerror}).", "check the path.") from None
+    except ValueError as exc:  # a NUL byte in the path
+        raise ClusterConfigError(f"{where} is not a usable path ({exc}).", "check the path.") from None
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(exc).split())
+        raise ClusterConfigError(f"{where} is not valid YAML ({problem}).", "fix the file's syntax.") from None
+
+
 class StaticParser(ClusterParser):
     """Hosts from the YAML file named by KERAS_DISTRIB_HOSTS_FILE."""
 
@@ -91,17 +106,7 @@ class StaticParser(ClusterParser):
         )
 
     def _load(self, where: str, path: str) -> dict[str, Any]:
-        try:
-            with open(path, "rb") as fh:
-                # Bytes, so that yaml reports undecodable input as a YAMLError.
-                data = yaml.safe_load(fh)
-        except OSError as exc:
-            raise ClusterConfigError(f"{where} cannot be read ({exc.strerror}).", "check the path.") from None
-        except ValueError as exc:  # a NUL byte in the path
-            raise ClusterConfigError(f"{where} is not a usable path ({exc}).", "check the path.") from None
-        except yaml.YAMLError as exc:
-            problem = str(exc).replace("\n", " ")
-            raise ClusterConfigError(f"{where} is not valid YAML ({problem}).", "fix the file's syntax.") from None
+        data = read_yaml(where, path)
         if not isinstance(data, dict) or not isinstance(data.get("hosts"), list) or not data["hosts"]:
             raise ClusterConfigError(f"{where} has no 'hosts' list.", "add 'hosts: [node1, node2]'.")
         unknown = sorted(str(k) for k in set(data) - set(self.allowed_keys))

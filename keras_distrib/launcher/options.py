@@ -8,9 +8,8 @@ import typing
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-import yaml
-
 from cluster_parsers import ClusterConfigError, all_parsers
+from cluster_parsers.static import read_yaml
 
 from ..checkpoint_interval import INTERVAL_HINT, IntervalError, parse_interval
 
@@ -49,16 +48,7 @@ class Options:
 def load_config(path: str) -> dict[str, Any]:
     """Read a YAML config file into Options field values, rejecting unknown keys."""
     where = f"--config {path!r}"
-    try:
-        with open(path, "rb") as fh:  # bytes: yaml reports undecodable input as a YAMLError
-            data = yaml.safe_load(fh)
-    except OSError as exc:
-        raise ClusterConfigError(f"{where} cannot be read ({exc.strerror}).", "check the path.") from None
-    except ValueError as exc:  # a NUL byte in the path
-        raise ClusterConfigError(f"{where} is not a usable path ({exc}).", "check the path.") from None
-    except yaml.YAMLError as exc:
-        problem = " ".join(str(exc).split())
-        raise ClusterConfigError(f"{where} is not valid YAML ({problem}).", "fix its syntax.") from None
+    data = read_yaml(where, path)
     if data is None:
         return {}
     if not isinstance(data, dict):
