@@ -159,6 +159,10 @@ def jax_env(plan: Plan, proc: Process) -> dict[str, str]:
         "KERAS_DISTRIBUTION_PROCESS_ID": str(proc.index),
         # TensorFlow (for tf.data) would otherwise reserve most of every visible GPU's memory.
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        # JAX's preemption service catches SIGTERM and waits for the training loop to call
+        # multihost_utils.reached_preemption_sync_point, which model.fit never does: the
+        # forwarded SIGTERM (scancel, Ctrl-C of the launcher) would be swallowed.
+        "JAX_ENABLE_PREEMPTION_SERVICE": "false",
     }
     if proc.gpus:
         env["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in range(len(proc.gpus)))

@@ -85,8 +85,9 @@ def test_check_runs_a_cross_process_sum(tmp_path: Path) -> None:
 
 def test_killed_process_stops_the_job_with_one_line(tmp_path: Path) -> None:
     script = str(REPO / "examples" / "digits_jax.py")
-    proc = start_local(["--nodes", "2", "--layout", "jax", script, "--epochs", "500", "--verbose", "2"], tmp_path,
-                       **JAX_ENV)
+    # --max-restarts 0: this is the fail-fast path (by default a death restarts the group).
+    proc = start_local(["--nodes", "2", "--layout", "jax", "--max-restarts", "0", script, "--epochs", "500",
+                        "--verbose", "2"], tmp_path, **JAX_ENV)
     try:
         # worker:1 has joined once its marker port listens; kill it during training.
         assert wait_for(lambda: bool(processes_with_env("KERAS_DISTRIBUTION_PROCESS_ID", "1")), RUN_TIMEOUT / 2)
