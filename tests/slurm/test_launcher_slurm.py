@@ -400,7 +400,8 @@ def test_allreduce_layout(slurm_cluster: SlurmTestCluster, work: Path) -> None:
     iface = cluster_interface(slurm_cluster)
     ips = [node_interfaces(slurm_cluster, n)[iface] for n in NODES[:2]]
     p = slurm_cluster.head(
-        ["srun", "-N2", "--ntasks-per-node=1", *LAUNCH, "--layout", "allreduce", "--interface", iface, "mwms.py"],
+        # --verbose: worker 1 is quiet by default, and its line is checked.
+        ["srun", "-N2", "--ntasks-per-node=1", *LAUNCH, "--layout", "allreduce", "--verbose", "--interface", iface, "mwms.py"],
         cwd=work, timeout=TIMEOUT,
     )
     out = p.stdout + p.stderr
