@@ -186,7 +186,7 @@ def test_template_trains_digits_end_to_end(sge_cluster: SgeTestCluster, work: Pa
 
 def test_killed_worker_is_named_and_fails_the_job(sge_cluster: SgeTestCluster, work: Path) -> None:
     # 500 epochs: minutes of training if nothing stopped the job.
-    job, out = submit(sge_cluster, work, "killed", [str(DIGITS), "--epochs", "500"])
+    job, out = submit(sge_cluster, work, "killed", ["--max-restarts", "0", str(DIGITS), "--epochs", "500"])  # the fail-fast path
     try:
         assert wait_for_line(out, r"^\[n\d chief:0\] Epoch 2/", TIMEOUT), \
             out.read_text(errors="replace") if out.exists() else "no output"
