@@ -109,6 +109,7 @@ def test_unseeded_dataset_shuffle_gives_every_worker_the_same_order(reshuffle: b
     changes the order between epochs."""
     import tensorflow as tf
 
+    tf.random.set_seed(None)  # no global seed left by an earlier test (see the xfail below)
     orders = []
     for epoch in range(2):
         seen = []
@@ -129,3 +130,20 @@ def test_dataset_source_detects_batching() -> None:
     assert not kd.as_source(examples).batched
     assert kd.as_source(examples.map(lambda e: e).batch(4).prefetch(1)).batched
     assert not kd.as_source(examples.batch(4).unbatch()).batched
+
+
+@pytest.mark.xfail(reason="known bug: with a global seed (tf.random.set_seed / keras.utils.set_random_seed) "
+                          "the re-seeded unseeded shuffles differ between workers, so shards overlap", strict=True)
+def test_unseeded_shuffle_under_a_global_seed() -> None:
+    import tensorflow as tf
+
+    tf.random.set_seed(0)
+    try:
+        seen = []
+        for worker in range(3):
+            ds = tf.data.Dataset.range(100).shuffle(100).batch(7)
+            seen += [int(v) for b in kd.pipeline(kd.as_source(ds), worker, 3, batch_size=None, shuffle=True, seed=0,
+                                                 repeat=False, epoch=0) for v in b.numpy()]
+        assert sorted(seen) == list(range(100))
+    finally:
+        tf.random.set_seed(None)
