@@ -354,8 +354,7 @@ class Agent:
                 return None
             return self.fail(f"the agent on {self.spec.agent_nodes[agent]} disconnected unexpectedly", 1)
         if control.LOST in message:
-            return self.fail(f"lost the node {self.spec.agent_nodes[agent]}: its agent sent no heartbeat for "
-                             f"{message[control.LOST]:.0f} s (node down or network cut)", 1)
+            return self.on_node_lost(self.spec.agent_nodes[agent], message[control.LOST])
         if "failed" in message:
             return self.stop(int(message.get("code") or 1))
         if "died" in message:
@@ -369,6 +368,15 @@ class Agent:
             if self.plan.every_process_runs_script and len(self.done_agents) == self.spec.num_agents:
                 return self.stop(0)
         return None
+
+    def on_node_lost(self, node: str, silent_for: float) -> int:
+        """Agent 0: a node went silent. Stop the job; with --requeue, requeue it to resume elsewhere."""
+        reason = f"lost the node {node}: its agent sent no heartbeat for {silent_for:.0f} s (node down or network cut)"
+        if not self.options.requeue:
+            return self.fail(reason, 1)
+        say(self.spec.node, f"error: {reason}; stopping the job and requeueing it, to resume from the last checkpoint.")
+        code = requeue_job.requeue(self.plan.scheduler, os.environ, True, lambda line: say(self.spec.node, line))
+        return self.stop(1 if code == PREEMPTED_EXIT_CODE else code)
 
     def on_signal(self, signum: int) -> int | None:
         """Forward to the children; SIGINT/SIGTERM also end the job once the script ends."""

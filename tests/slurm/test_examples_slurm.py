@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from slurm_cluster import SlurmTestCluster
-from test_launcher_slurm import LAUNCH, PS_PER_NODE, REPO, TIMEOUT, assert_nothing_left, error_lines, meaningful, sbatch_template
+from test_launcher_slurm import LAUNCH, NODES, PS_PER_NODE, REPO, TIMEOUT, assert_nothing_left, error_lines, meaningful, sbatch_template
 
 DIGITS = REPO / "examples" / "digits_distrib.py"
 
@@ -18,13 +18,19 @@ def result_line(lines: list[str], prefix: str) -> dict:
 
 
 def test_digits_example_through_the_sbatch_template(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    """The ps-per-node template on 3 nodes: a ps and a worker serve on every node, the chief
+    trains and saves, and nothing (process or port) is left once the job ends."""
     out, model = tmp_path / "digits.out", tmp_path / "digits.keras"
     job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out)],
                           [str(DIGITS), "--epochs", "4", "--json", "--save", str(model)], tmp_path)
     result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
     text = out.read_text(errors="replace")
     assert result == "COMPLETED" and result.exit_code == 0, text
-    summary = result_line(meaningful(text), "[n1 chief:0]")
+    lines = meaningful(text)
+    for i, node in enumerate(NODES):
+        for role in (f"ps:{i}", f"worker:{i}"):
+            assert any(line.startswith(f"[{node} {role}] serving {role} at {node}:") for line in lines), role
+    summary = result_line(lines, "[n1 chief:0]")
     assert summary["test_accuracy"] > 0.85
     assert summary["steps"] > 0
     assert model.exists()

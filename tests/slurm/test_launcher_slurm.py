@@ -237,27 +237,7 @@ def test_cluster_check_srun(slurm_cluster: SlurmTestCluster, work: Path) -> None
     assert_nothing_left(slurm_cluster)
 
 
-# -- b: a training job through the sbatch template ----------------------------------------------
-
-
-def test_sbatch_training_job_completes_and_cleans_up(slurm_cluster: SlurmTestCluster, work: Path) -> None:
-    out, ended = work / "train-ok.out", work / "train-ok.ended"
-    job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out)],
-                          ["train.py", "20", "0", str(ended)], work)
-    result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
-    job_end = time.time()
-    text = out.read_text(errors="replace")
-    assert result == "COMPLETED", text
-    assert (result.exit_code, result.signal) == (0, 0)
-    lines = meaningful(text)
-    assert "[n1 chief:0] role chief:0 workers 3 ps 3" in lines
-    assert any(line.startswith("[n1 chief:0] trained 20 steps, last loss ") for line in lines), text
-    for i, node in enumerate(NODES):
-        for role in (f"ps:{i}", f"worker:{i}"):
-            assert any(line.startswith(f"[{node} {role}] serving {role} at {node}:") for line in lines), role
-    assert error_lines(text) == []
-    print(f"\nsbatch job: chief exit to job end (scontrol poll): {job_end - float(ended.read_text()):.2f} s")
-    assert_nothing_left(slurm_cluster, job)
+# -- b: a training job through the sbatch template: tests/slurm/test_examples_slurm.py -----------
 
 
 # -- c: exit code propagation (and the shutdown time) --------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -32,11 +33,20 @@ def make_agent(agent_id: int, job: JobInfo, port_base: int, options: Options) ->
     return agent
 
 
+@pytest.mark.parametrize("requeue", [False, True])
 def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+                                               capsys: pytest.CaptureFixture[str], requeue: bool) -> None:
+    """With --requeue the job is also requeued (a fake scontrol records the call), to resume from
+    the last checkpoint on the nodes the scheduler gives it next."""
     monkeypatch.chdir(tmp_path)  # the job secret file goes here
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol-calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
     job = JobInfo("slurm", "99", ("localhost", "n2", "n3"), (1, 1, 1))
-    options = Options(startup_timeout=120.0, heartbeat_timeout=1.5)
+    options = Options(startup_timeout=120.0, heartbeat_timeout=1.5, requeue=requeue)
     port_base = free_port_block()
     agents = [make_agent(i, job, port_base, options) for i in range(3)]
     threads = [threading.Thread(target=a.form_job) for a in agents]
@@ -51,11 +61,16 @@ def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pyte
         event: Any = agents[0].events.get(timeout=15)
         code = agents[0].handle(event)
         took = time.monotonic() - started
-        assert code == 1 and took < 10
+        assert code == (0 if requeue else 1) and took < 10
         err = capsys.readouterr().err
         assert "lost the node n3: its agent sent no heartbeat for" in err and "stopping the job" in err
+        if requeue:
+            assert calls.read_text() == "requeue 99\n"
+            assert "requeued job 99 (scontrol requeue 99)" in err
+        else:
+            assert not calls.exists() and "requeue" not in err
         # n2 is told to stop; it was never reported lost
-        assert agents[1].events.get(timeout=5) == ("peer", 0, {"stop": 1})
+        assert agents[1].events.get(timeout=5) == ("peer", 0, {"stop": code})
     finally:
         for a in agents:
             for end in (a.server, a.client):
