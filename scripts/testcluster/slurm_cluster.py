@@ -388,6 +388,11 @@ class SlurmTestCluster:
                 raise TimeoutError(f"job {job_id} still {state or '?'} after {timeout} s")
             time.sleep(0.2)
 
+    def set_link(self, node: str, up: bool) -> None:
+        """Bring node's link to the cluster network up or down: down is a dead node to its peers
+        (no socket is closed, nothing answers), while its processes keep running."""
+        _run(["ip", "-n", self._head_ns().name, "link", "set", f"v{node}", "up" if up else "down"])
+
     def listening_ports(self, node: str) -> list[int]:
         """TCP ports listening inside node's network namespace (``ss -ltnH``)."""
         p = _run(["nsenter", f"--net=/run/netns/{self._node_ns(node).name}", "ss", "-ltnH"])

@@ -78,3 +78,42 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(slurm_cluster: Slur
     assert f"resuming from {ck}/ckpt-{step:012d}" in text
     assert result_of(text)["step"] == 6 * 200
     assert_nothing_left(slurm_cluster, job)
+
+
+def test_cut_link_names_the_node_requeues_and_resumes(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    """n3's link cut during training (a dead node to its peers: no socket closes): the first
+    node's agent names n3 within the heartbeat timeout and requeues the job (the template
+    passes --requeue); once the link is back the job runs again and resumes to the end."""
+    out, ck = work / "cut.out", work / "cut-ck"
+    job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out), "--open-mode=append"],
+                          ["--heartbeat-timeout", "10", "--checkpoint-every", "2s", "fit.py", str(ck), "3", "200"], work)
+    cut = False
+    try:
+        assert wait_for_text(out, "Epoch 1/3", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
+        deadline = time.monotonic() + TIMEOUT  # cut once a checkpoint exists: the rerun must resume from it
+        while not any(ck.glob("ckpt-*")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert any(ck.glob("ckpt-*")), out.read_text(errors="replace")[-4000:]
+        slurm_cluster.set_link("n3", up=False)
+        cut = True
+        assert wait_for_text(out, "lost the node n3", 60), out.read_text(errors="replace")[-4000:]
+        assert wait_for_text(out, "requeued job", 60), out.read_text(errors="replace")[-4000:]
+        slurm_cluster.set_link("n3", up=True)
+        cut = False
+        deadline = time.monotonic() + 2 * TIMEOUT
+        while time.monotonic() < deadline:  # requeued: PENDING, then RUNNING again, then done
+            result = slurm_cluster.wait_job(job, timeout=2 * TIMEOUT)
+            if result != "REQUEUED":
+                break
+    finally:
+        if cut:
+            slurm_cluster.set_link("n3", up=True)
+        slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text = out.read_text(errors="replace")
+    assert result == "COMPLETED", text[-4000:]
+    lost = [line for line in text.splitlines() if "lost the node n3: its agent sent no heartbeat for" in line]
+    assert len(lost) == 1 and lost[0].startswith("[n1 agent]"), text[-4000:]
+    assert f"(scontrol requeue {job})" in text
+    assert f"resuming from {ck}/ckpt-" in text, text[-4000:]
+    assert result_of(text)["step"] == 3 * 200
+    assert_nothing_left(slurm_cluster, job, wait=60)
