@@ -59,7 +59,7 @@ def models(keras: Any, steps_per_epoch: int) -> dict[str, Callable[[], Any]]:
     def embedding() -> Any:
         return compile_(keras.Sequential([
             keras.Input((64,), dtype="int32"), keras.layers.Embedding(17, 8),
-            keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(64, activation="relu"),
+            keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
             keras.layers.Dense(10, activation="softmax")]))
 
     return {"mlp": mlp, "cnn_bn": cnn_bn, "two_inputs": two_inputs, "lr_schedule": lr_schedule,
