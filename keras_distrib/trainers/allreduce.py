@@ -154,6 +154,10 @@ class AllReduceTrainer(Trainer):
                     y_pred = model(x, training=True)
                     loss, loss_sum, _ = losses(x, y, y_pred, sw, mask, global_n)
                 grads = tape.gradient(loss, model.trainable_variables)
+                # Sparse (embedding) gradients all-reduced dense: TensorFlow all-gathers
+                # IndexedSlices with collectives whose shapes must match on every worker and
+                # did not with 3 workers ("Shape mismatch in the collective instance").
+                grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
                 opt.apply_gradients(zip(grads, model.trainable_variables))
                 finite = all_finite([loss] + list(grads))
             else:
