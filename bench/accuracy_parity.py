@@ -9,13 +9,15 @@ For every model class (MLP; CNN with BatchNorm and Dropout; a functional model w
 named inputs; an LR schedule; an embedding model) and seed it trains the same model with
 plain ``model.fit`` in this process (no strategy) and with ``keras_distrib.fit``, same
 epochs and batch, on the digits data, and prints one JSON line per model with the mean
-test accuracies over the seeds and their difference (points). Rank 0 / the chief prints.
+test accuracies over the seeds, their difference (points) and the 1-minute load average
+(the machine may be shared). Rank 0 / the chief prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -59,7 +61,7 @@ def models(keras: Any, steps_per_epoch: int) -> dict[str, Callable[[], Any]]:
     def embedding() -> Any:
         return compile_(keras.Sequential([
             keras.Input((64,), dtype="int32"), keras.layers.Embedding(17, 8),
-            keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(64, activation="relu"),
+            keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
             keras.layers.Dense(10, activation="softmax")]))
 
     return {"mlp": mlp, "cnn_bn": cnn_bn, "two_inputs": two_inputs, "lr_schedule": lr_schedule,
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(trainer_for(model, strategy), "is_chief", True):
             print(json.dumps({"model": name, "layout": keras_distrib.cluster().layout,
                               "workers": keras_distrib.cluster().num_workers, "single": single, "distributed": dist,
-                              "diff_points": round(100 * (np.mean(dist) - np.mean(single)), 2)}), flush=True)
+                              "diff_points": round(100 * (np.mean(dist) - np.mean(single)), 2),
+                              "load_1min": round(os.getloadavg()[0], 1)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ own dataset function with its index baked in, see ``trainers/ps_async.py``).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
@@ -38,6 +40,7 @@ __all__ = [
     "shard_files",
     "self_loading",
     "shard_seed",
+    "derived_op_seed",
     "steps_for",
     "worker_rank",
 ]
@@ -201,6 +204,8 @@ class DatasetSource:
         return self._fn
 
 
+#: TensorFlow's bound for op seeds (tensorflow/python/framework/random_seed.py).
+_MAXINT32 = 2**31 - 1
 #: Name of the epoch input added to a dataset graph by `seeded_graph`.
 EPOCH_INPUT = "keras_distrib_epoch"
 _SHUFFLES = {"ShuffleDataset", "ShuffleDatasetV2", "ShuffleDatasetV3",
@@ -243,13 +248,42 @@ def _const_int(nodes: dict[str, Any], name: str) -> int:
     return int(tensor.int64_val[0]) if tensor.int64_val else 0
 
 
+#: How many of TensorFlow's derived op seeds `derived_op_seed` recognises (one is drawn per
+#: unseeded random op made under the global seed; scanning them all once takes ~0.2 s).
+DERIVED_SEEDS_SCANNED = 1 << 18
+
+
+@functools.lru_cache(maxsize=8)
+def _derived_op_seeds(global_seed: int) -> frozenset[int]:
+    # TensorFlow's eager context draws them from random.Random(global seed), one per op
+    # (tensorflow/python/eager/context.py: Context._internal_operation_seed).
+    draws = random.Random(global_seed)
+    return frozenset(draws.randint(0, _MAXINT32) for _ in range(DERIVED_SEEDS_SCANNED))
+
+
+def derived_op_seed(seed: int, seed2: int) -> bool:
+    """True if ``(seed, seed2)`` is the pair TensorFlow gives an op made eagerly WITHOUT its
+    own seed under the global seed ``seed`` (`tf.random.set_seed`, `keras.utils.set_random_seed`).
+
+    That seed2 is the n-th draw of a per-process generator, n = the random ops made since
+    the global seed was set: a worker that made one more (a chief-only step, a different
+    branch) gets another shuffle order. An explicit op seed equal to one of the first
+    `DERIVED_SEEDS_SCANNED` draws is taken for derived too (odds ~1e-4 per seed); global
+    seeds outside [0, 2**31 - 1) are not recognised (TensorFlow truncates them).
+    """
+    return 0 <= seed < _MAXINT32 and seed2 in _derived_op_seeds(seed)
+
+
 def seeded_graph(graph_def: Any, seed: int) -> tuple[Any, str]:
     """A copy of a dataset graph whose shuffles use ``(seed, seed2 + epoch)``.
 
     ``epoch`` is a new int64 input named `EPOCH_INPUT`. A shuffle without its own seed
-    gets ``seed``; one with ``reshuffle_each_iteration=False`` keeps its seed2. Shuffles
-    are rewritten to the seed-only op version (no seed-generator resource, which belongs
-    to the process that built the dataset). Returns (graph, output tensor name).
+    gets ``seed``; one with ``reshuffle_each_iteration=False`` keeps its seed2. A shuffle
+    whose seed2 TensorFlow derived from the global seed (see `derived_op_seed`) gets
+    ``seed`` and its place among the shuffles instead, as that seed2 depends on how many
+    random ops the building process had made. Shuffles are rewritten to the seed-only op
+    version (no seed-generator resource, which belongs to the process that built the
+    dataset). Returns (graph, output tensor name).
     """
     from tensorflow.core.framework import graph_pb2, types_pb2
 
@@ -269,13 +303,16 @@ def seeded_graph(graph_def: Any, seed: int) -> tuple[Any, str]:
         return name
 
     dropped: set[str] = set()
-    for node in [n for n in graph.node if n.op in _SHUFFLES]:
+    for place, node in enumerate([n for n in graph.node if n.op in _SHUFFLES]):
         inputs = list(node.input)
         has_seeds = node.op in ("ShuffleDataset", "ShuffleDatasetV3", "ShuffleAndRepeatDataset", "ShuffleAndRepeatDatasetV2")
         s1 = _const_int(nodes, inputs[2]) if has_seeds else 0
         s2 = _const_int(nodes, inputs[3]) if has_seeds else 0
         if s1 == 0 and s2 == 0:
             s1 = int(seed) + 1  # seed 0 and seed2 0 would mean "random" to TensorFlow
+        elif derived_op_seed(s1, s2):
+            # Keep the global seed (it still picks the order) but not the per-process draw.
+            s2 = int(seed) * 1_000_003 + place + 1
         reshuffle = node.attr["reshuffle_each_iteration"].b if "reshuffle_each_iteration" in node.attr else True
         seed1 = const(node.name + "/kd_seed", s1)
         seed2 = const(node.name + "/kd_seed2", s2)

@@ -33,12 +33,16 @@ DEFAULT_STEPS_PER_EXECUTION = 10
 
 
 def _sum_over_workers(strategy: Any, nest: Any) -> Any:
-    """All-reduce (SUM) a nest of tensors with one collective: pack, reduce, unpack."""
+    """All-reduce (SUM over every replica) a nest of per-replica tensors (``strategy.run``
+    results: plain tensors with one local replica) with one collective: pack, reduce, unpack."""
     import tensorflow as tf
 
-    flat = tf.nest.flatten(nest)
-    packed = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in flat], axis=0)
-    packed = strategy.reduce(tf.distribute.ReduceOp.SUM, packed, axis=None)
+    def pack(values: Any) -> Any:
+        return tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(values)], axis=0)
+
+    packed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(pack, args=(nest,)), axis=None)
+    # Shapes and dtypes from the first local replica's values.
+    flat = [strategy.experimental_local_results(t)[0] for t in tf.nest.flatten(nest)]
     out, offset = [], 0
     for t in flat:
         size = t.shape.num_elements()
@@ -150,6 +154,10 @@ class AllReduceTrainer(Trainer):
                     y_pred = model(x, training=True)
                     loss, loss_sum, _ = losses(x, y, y_pred, sw, mask, global_n)
                 grads = tape.gradient(loss, model.trainable_variables)
+                # Sparse (embedding) gradients all-reduced dense: TensorFlow all-gathers
+                # IndexedSlices with collectives whose shapes must match on every worker and
+                # did not with 3 workers ("Shape mismatch in the collective instance").
+                grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
                 opt.apply_gradients(zip(grads, model.trainable_variables))
                 finite = all_finite([loss] + list(grads))
             else:
@@ -170,7 +178,9 @@ class AllReduceTrainer(Trainer):
         @tf.function
         def run_chunk(iterator: Any, num_steps: Any) -> dict[str, Any]:
             start = zeros_totals(metrics)
-            totals = start
+            # Per replica (a node's GPUs are replicas of one worker): the loop carries the
+            # same structure as strategy.run returns.
+            totals = strategy.run(lambda: tf.nest.map_structure(tf.identity, start))
             steps = tf.constant(0, tf.int64)
             for _ in tf.range(num_steps):
                 batch, mask = next(iterator)
@@ -179,14 +189,16 @@ class AllReduceTrainer(Trainer):
                     break
                 totals = strategy.run(replica_step, args=(batch, mask, totals, global_n))
                 steps += 1
-            # One all-reduce per call: sums over workers of the per-worker accumulators.
-            deltas = {
-                "loss_sum": totals["loss_sum"],
-                "count": totals["count"],
-                "bad": 1.0 - tf.cast(totals["finite"], tf.float32),
-                "state": [s - r for s, r in zip(totals["state"], start["state"])],
-            }
-            summed = _sum_over_workers(strategy, deltas)
+            # One all-reduce per call: sums over replicas of the per-replica accumulators.
+            def deltas(totals: dict[str, Any]) -> dict[str, Any]:
+                return {
+                    "loss_sum": totals["loss_sum"],
+                    "count": totals["count"],
+                    "bad": 1.0 - tf.cast(totals["finite"], tf.float32),
+                    "state": [s - r for s, r in zip(totals["state"], start["state"])],
+                }
+
+            summed = _sum_over_workers(strategy, strategy.run(deltas, args=(totals,)))
             return {
                 "loss_sum": summed["loss_sum"],
                 "count": summed["count"],
@@ -209,7 +221,8 @@ class AllReduceTrainer(Trainer):
         if self._agree_fn is None:
             @tf.function
             def agree(value: Any) -> Any:
-                return self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
+                # Every local replica contributes the flag: a sum > 0 still means "any".
+                return self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(tf.identity, args=(value,)), axis=None)
 
             self._agree_fn = agree
         return bool(self._agree_fn(tf.constant(1.0 if flag else 0.0)) > 0)

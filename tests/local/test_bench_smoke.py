@@ -91,3 +91,14 @@ def test_accuracy_parity_runs_as_a_job_script(tmp_path: Path) -> None:
     rows = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '] {"model"' in line]
     assert [r["model"] for r in rows] == ["two_inputs"], proc.stdout[-3000:]
     assert 0.0 <= rows[0]["single"][0] <= 1.0 and 0.0 <= rows[0]["distributed"][0] <= 1.0
+
+
+def test_accuracy_parity_embedding_allreduce_three_workers(tmp_path: Path) -> None:
+    """Sparse (embedding) gradients in all-reduce over 3 workers: TensorFlow's IndexedSlices
+    all-gather failed with "Shape mismatch in the collective instance"; they go dense now."""
+    proc = subprocess.run([sys.executable, "-m", "keras_distrib.local", "--nodes", "3", "--layout", "allreduce",
+                           str(BENCH / "accuracy_parity.py"), "--models", "embedding", "--epochs", "1", "--seeds", "1"],
+                          cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '] {"model"' in line]
+    assert [(r["model"], r["workers"]) for r in rows] == [("embedding", 3)], proc.stdout[-3000:]

@@ -114,6 +114,12 @@ def data(kind, n, batch):
     if kind == "shuffled":
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n, reshuffle_each_iteration=True).batch(batch)
         return (ds,), {}
+    if kind == "global_seed":  # an unseeded shuffle under a global seed; rank r made r more random ops first
+        keras.utils.set_random_seed(n)
+        for _ in range(kd.worker_rank()[0]):
+            tf.random.uniform(())
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(n).batch(batch)
+        return (ds,), {}
     if kind == "files":
         return (write_files(n, "f"),), {"batch_size": batch}
     if kind == "self_loading":
@@ -140,6 +146,7 @@ KINDS = ["numpy", "batched", "unbatched", "shuffled", "files", "self_loading"]
 # over 2 all-reduce workers (shards 225/224 -> 15 and 14 batches of 16) needs padding (issue
 # 14 item 1); 31 x 30 over 3 workers: shards 11/10/10 in batches of 10 -> 2, 1, 1.
 MAIN = [[k, 1347, 32] for k in KINDS] + [[k, n, b] for k in ("numpy", "shuffled") for n, b in ((1001, 7), (449, 32), (64, 32))]
+MAIN += [["global_seed", 1001, 32]]  # last: the global seed it sets stays set
 EPOCHS = 2  # the second re-iterates (and reshuffles) the same input: enough to see a repeat
 SMALL = [[k, 1347, 32] for k in ("numpy", "unbatched", "shuffled", "files")] + [["numpy", 449, 32], ["numpy", 31, 30]]
 

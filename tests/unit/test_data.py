@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
 
@@ -132,9 +134,53 @@ def test_dataset_source_detects_batching() -> None:
     assert not kd.as_source(examples.batch(4).unbatch()).batched
 
 
-@pytest.mark.xfail(reason="known bug: with a global seed (tf.random.set_seed / keras.utils.set_random_seed) "
-                          "the re-seeded unseeded shuffles differ between workers, so shards overlap", strict=True)
-def test_unseeded_shuffle_under_a_global_seed() -> None:
+def _set_global_seed(setter: str, value: int | None) -> None:
+    import keras
+    import tensorflow as tf
+
+    if setter == "keras" and value is not None:
+        keras.utils.set_random_seed(value)
+    else:
+        tf.random.set_seed(value)
+
+
+@pytest.mark.parametrize("setter,value", [("tf", 0), ("keras", 1234)])
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("reshuffle", [True, False])
+def test_unseeded_shuffle_under_a_global_seed(setter: str, value: int, when: str, workers: int, reshuffle: bool) -> None:
+    """With a global seed set before the dataset is built, TensorFlow gives an unseeded
+    shuffle a seed2 drawn per random op made so far in the process: worker ``w`` here makes
+    ``w`` extra random ops first (a chief-only step), as separate processes can. The shards
+    must still be disjoint and complete in every epoch; set after, the shuffle is unseeded."""
+    import tensorflow as tf
+
+    try:
+        orders = []
+        for epoch in range(2):
+            seen = []
+            for worker in range(workers):
+                tf.random.set_seed(None)
+                if when == "before":
+                    _set_global_seed(setter, value)
+                    for _ in range(worker):
+                        tf.random.uniform(())
+                ds = tf.data.Dataset.range(100).shuffle(100, reshuffle_each_iteration=reshuffle).batch(7)
+                ds = ds.shuffle(5, reshuffle_each_iteration=reshuffle)  # a second one: a shuffle of batches
+                if when == "after":
+                    _set_global_seed(setter, value)
+                seen += [int(v) for b in kd.pipeline(kd.as_source(ds), worker, workers, batch_size=None, shuffle=True,
+                                                     seed=0, repeat=False, epoch=epoch) for v in b.numpy()]
+            assert sorted(seen) == list(range(100))
+            assert seen != list(range(100))
+            orders.append(seen)
+        assert (orders[0] != orders[1]) == reshuffle
+    finally:
+        tf.random.set_seed(None)
+
+
+def test_unseeded_shuffles_built_one_after_another_under_a_global_seed() -> None:
+    """One process building the pipeline once per worker: each build draws another seed2."""
     import tensorflow as tf
 
     tf.random.set_seed(0)
@@ -145,5 +191,20 @@ def test_unseeded_shuffle_under_a_global_seed() -> None:
             seen += [int(v) for b in kd.pipeline(kd.as_source(ds), worker, 3, batch_size=None, shuffle=True, seed=0,
                                                  repeat=False, epoch=0) for v in b.numpy()]
         assert sorted(seen) == list(range(100))
+    finally:
+        tf.random.set_seed(None)
+
+
+def test_explicit_shuffle_seeds_are_kept_under_a_global_seed() -> None:
+    """An explicit op seed is not mistaken for a derived one: two seeds, two orders."""
+    import tensorflow as tf
+
+    tf.random.set_seed(3)
+    try:
+        orders = [[int(v) for b in kd.pipeline(kd.as_source(tf.data.Dataset.range(50).shuffle(50, seed=s).batch(5)),
+                                               0, 1, batch_size=None, shuffle=True, seed=0, repeat=False) for v in b.numpy()]
+                  for s in (1, 2)]
+        assert orders[0] != orders[1]
+        assert not kd.derived_op_seed(3, 1) and kd.derived_op_seed(3, random.Random(3).randint(0, 2**31 - 1))
     finally:
         tf.random.set_seed(None)
