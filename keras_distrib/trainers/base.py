@@ -333,6 +333,41 @@ class Trainer:
                                      verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)
         return self._evaluate(inp, cbs, steps=steps, prefix=prefix)
 
+    def predict(
+        self,
+        x: Any,
+        *,
+        batch_size: int | None = None,
+        verbose: Any = 0,
+        steps: int | None = None,
+        callbacks: Sequence[Any] | None = None,
+    ) -> Any:
+        """Predictions for every row of ``x``, in ``x``'s order (see `keras_distrib.trainers.predict`)."""
+        from . import ordered
+
+        source = ordered.keyed_source(x, batch_size=batch_size or 32, steps=steps)
+        cbs = cb_utils.callback_list(callbacks, self.model, epochs=1, steps=None,
+                                     verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)
+        cbs.on_predict_begin()
+        batches = 0
+
+        def progress(done: int) -> None:
+            nonlocal batches
+            for b in range(batches, done):
+                cbs.on_predict_batch_begin(b)
+                cbs.on_predict_batch_end(b, {})
+            batches = done
+
+        parts = self._predict_rows(source, batch_size=batch_size, progress=progress)
+        out = ordered.assemble(parts, None if source.batched else source.num_examples)
+        cbs.on_predict_end()
+        return out
+
+    def _predict_rows(self, source: Any, *, batch_size: int | None,
+                      progress: Callable[[int], None]) -> list[tuple[Any, Any]]:  # pragma: no cover - abstract
+        """``(keys, predictions)`` parts covering every element of the keyed ``source``."""
+        raise NotImplementedError
+
     def checkpoint(self) -> Any:
         """A tf.train.Checkpoint of model, optimizer and the exact step."""
         import tensorflow as tf

@@ -439,3 +439,13 @@ def test_callback_contract_order_and_stop_at_a_chunk_boundary(strategy: Any, dig
     # Stopped after the chunk that reached step 10; closures already in flight (at most
     # 4 per worker, 5 steps each) still finish: far fewer than the epoch's 180 steps.
     assert 10 <= steps <= 100, steps
+
+
+def test_predict_grid_in_input_order(strategy: Any, tmp_path: Path) -> None:
+    """keras_distrib.predict returns model(x) row for row in the input's order (tests/local/predict_grid.py)."""
+    import predict_grid
+
+    import keras_distrib
+
+    model = build(strategy, predict_grid.make_model)
+    predict_grid.check(predict_grid.run(model, keras_distrib.predict, str(tmp_path)))
