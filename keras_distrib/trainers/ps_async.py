@@ -59,7 +59,7 @@ from typing import Any
 from .. import data as kd_data
 from . import _private_apis as private
 from . import packing
-from ._common import resolve_strategy
+from ._common import refuse_keras_loops, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, pack_totals, step_totals, unpack, unpack_totals, zeros_totals
 from .placement import placement_scope
@@ -124,6 +124,7 @@ class ParameterServerTrainer(Trainer):
         import tensorflow as tf
 
         super().__init__(model, resolve_strategy(strategy, allow=("ps",)), steps_per_execution=steps_per_execution)
+        refuse_keras_loops(model)  # a model built under strategy.scope() gets the clear error too
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self.num_workers = len(private.coordinator_workers(self.coordinator))
         with placement_scope(model), self.strategy.scope():

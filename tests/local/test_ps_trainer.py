@@ -449,3 +449,22 @@ def test_predict_grid_in_input_order(strategy: Any, tmp_path: Path) -> None:
 
     model = build(strategy, predict_grid.make_model)
     predict_grid.check(predict_grid.run(model, keras_distrib.predict, str(tmp_path)))
+
+
+def test_keras_loops_on_a_ps_model_name_the_keras_distrib_function(strategy: Any, digits: Any) -> None:
+    """model.fit/evaluate/predict of a ps model: one TrainerError naming keras_distrib.<same>."""
+    import keras_distrib
+    from keras_distrib.trainers import TrainerError
+
+    x_train, _, y_train, _ = digits
+    x, y = x_train[:64], y_train[:64]
+    built = build(strategy)  # keras_distrib's build()
+    with strategy.scope():  # built by hand: guarded from its first keras_distrib call on
+        by_hand = mlp()
+    keras_distrib.evaluate(by_hand, (x, y), strategy=strategy)
+    for model in (built, by_hand):
+        for name, args in (("fit", (x, y)), ("evaluate", (x, y)), ("predict", (x,))):
+            with pytest.raises(TrainerError, match=rf"model\.{name}\(\) cannot run .*HINT: call keras_distrib\.{name}\(model"):
+                getattr(model, name)(*args, verbose=0)
+    # The keras_distrib functions still work on the guarded model.
+    assert keras_distrib.predict(built, x, batch_size=16).shape == (64, 10)
