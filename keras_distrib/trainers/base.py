@@ -271,15 +271,19 @@ class Trainer:
             cb_utils.redirect_writers(callbacks, tmpdir)
         keeper = self._checkpoint_keeper(checkpoint_dir, target)
         self._keeper = keeper
+        if keeper is not None:
+            keeper.checkpointer.callback_state = lambda: cb_utils.callback_state(callbacks)
         try:
             initial_epoch, done_in_epoch = self._resume(keeper, target, initial_epoch, epochs)
+            restored = keeper.checkpointer.restored if keeper is not None else None
             cbs = cb_utils.callback_list(callbacks, self.model, epochs=epochs, steps=target,
                                          verbose=verbose, show=self.is_chief)
             with preemption_signals(enabled=keeper is not None):
                 return self._epoch_loop(cbs, train, val, epochs=epochs, initial_epoch=initial_epoch,
                                         steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                                         validation_freq=validation_freq, keeper=keeper,
-                                        resume_steps=target - done_in_epoch if done_in_epoch else None)
+                                        resume_steps=target - done_in_epoch if done_in_epoch else None,
+                                        resume_callbacks=(callbacks, restored.callbacks if restored else None))
         finally:
             self._keeper = None
             if keeper is not None:
@@ -289,9 +293,11 @@ class Trainer:
 
     def _epoch_loop(self, cbs: Any, train: Any, val: Any, *, epochs: int, initial_epoch: int,
                     steps_per_epoch: int | None, validation_steps: int | None, validation_freq: int,
-                    keeper: CheckpointKeeper | None, resume_steps: int | None = None) -> Any:
+                    keeper: CheckpointKeeper | None, resume_steps: int | None = None,
+                    resume_callbacks: tuple[Sequence[Any], Any] = ((), None)) -> Any:
         self.model.stop_training = False
         cbs.on_train_begin()
+        cb_utils.restore_callback_state(*resume_callbacks)  # after on_train_begin, which resets it
         logs: dict[str, float] = {}
         for epoch in range(initial_epoch, epochs):
             cbs.on_epoch_begin(epoch)
@@ -307,8 +313,10 @@ class Trainer:
             logs = totals.logs(self.metrics)
             if val is not None and (epoch + 1) % max(1, validation_freq) == 0:
                 logs.update(self._evaluate(val, cbs, steps=validation_steps, prefix="val_"))
-            self._save_checkpoint(keeper)
             cbs.on_epoch_end(epoch, logs)
+            # After the callbacks: the checkpoint holds their view of this epoch (best values,
+            # a learning rate ReduceLROnPlateau just lowered).
+            self._save_checkpoint(keeper)
             if self._agree(bool(self.model.stop_training)):
                 break
         cbs.on_train_end(logs)

@@ -468,3 +468,34 @@ def test_keras_loops_on_a_ps_model_name_the_keras_distrib_function(strategy: Any
                 getattr(model, name)(*args, verbose=0)
     # The keras_distrib functions still work on the guarded model.
     assert keras_distrib.predict(built, x, batch_size=16).shape == (64, 10)
+
+
+def test_resume_keeps_the_callbacks_best_values(strategy: Any, digits: Any, tmp_path: Path) -> None:
+    """ModelCheckpoint(save_best_only) and EarlyStopping continue from the saved best after a resume."""
+    import keras
+
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
+    x, y = x_train[:400], y_train[:400]
+    ckpt = str(tmp_path / "ckpt")
+
+    def callbacks() -> list[Any]:
+        return [keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras"), monitor="loss", save_best_only=True),
+                keras.callbacks.EarlyStopping(monitor="loss", patience=50)]
+
+    first = callbacks()
+    keras_distrib.fit(build(strategy), (x, y), epochs=2, batch_size=32, verbose=0, strategy=strategy,
+                      callbacks=first, checkpoint_dir=ckpt)
+    assert first[0].best is not None and first[1].best is not None
+
+    class SeenAtResume(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if not hasattr(self, "seen"):
+                self.seen = (epoch, second[0].best, second[1].best, second[1].wait)
+
+    second = callbacks()
+    probe = SeenAtResume()
+    keras_distrib.fit(build(strategy), (x, y), epochs=3, batch_size=32, verbose=0, strategy=strategy,
+                      callbacks=second + [probe], checkpoint_dir=ckpt)
+    assert probe.seen == (2, pytest.approx(first[0].best), pytest.approx(first[1].best), first[1].wait)
