@@ -259,12 +259,17 @@ class ParameterServerTrainer(Trainer):
             counted = totals.count if by_examples else totals.steps
             return inp.expected is not None and counted >= inp.expected
 
+        if training:
+            self.worker_steps = {}
+
         def fold_oldest() -> None:
             _, rv = pending.popleft()
             vector = rv.fetch()
             if vector[1]:
                 exhausted.add(int(vector[0]))
             out = unpack_totals(vector[2:], reset)
+            if training:  # the shard index is the worker's: steps per worker (stragglers)
+                self.worker_steps[int(vector[0])] = self.worker_steps.get(int(vector[0]), 0) + int(out["steps"])
             totals.add(out)
             if out["steps"]:
                 hooks.after(totals.steps - 1, totals)

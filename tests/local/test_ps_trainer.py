@@ -9,6 +9,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -470,8 +471,9 @@ def test_keras_loops_on_a_ps_model_name_the_keras_distrib_function(strategy: Any
     assert keras_distrib.predict(built, x, batch_size=16).shape == (64, 10)
 
 
-def test_resume_keeps_the_callbacks_best_values(strategy: Any, digits: Any, tmp_path: Path) -> None:
-    """ModelCheckpoint(save_best_only) and EarlyStopping continue from the saved best after a resume."""
+def test_resume_keeps_the_callbacks_best_values(strategy: Any, digits: Any, tmp_path: Path, capsys: Any) -> None:
+    """ModelCheckpoint(save_best_only) and EarlyStopping continue from the saved best after a resume;
+    the chief's per-epoch line shows each worker's steps/s and fit ends with one summary line."""
     import keras
 
     import keras_distrib
@@ -496,6 +498,10 @@ def test_resume_keeps_the_callbacks_best_values(strategy: Any, digits: Any, tmp_
 
     second = callbacks()
     probe = SeenAtResume()
-    keras_distrib.fit(build(strategy), (x, y), epochs=3, batch_size=32, verbose=0, strategy=strategy,
+    capsys.readouterr()
+    keras_distrib.fit(build(strategy), (x, y), epochs=3, batch_size=32, verbose=2, strategy=strategy,
                       callbacks=second + [probe], checkpoint_dir=ckpt)
     assert probe.seen == (2, pytest.approx(first[0].best), pytest.approx(first[1].best), first[1].wait)
+    err = capsys.readouterr().err
+    assert re.search(r"keras_distrib: epoch 3/3: [\d.]+ s, [\d.]+ steps/s \(worker 0: [\d.]+, worker 1: [\d.]+ steps/s\)", err), err
+    assert "keras_distrib: fit finished: trained epoch 3 (14 steps) in " in err and f"checkpoints in {ckpt}." in err, err

@@ -49,3 +49,16 @@ def test_best_values_round_trip_through_meta_json(tmp_path: Path) -> None:
     fresh[2].best, fresh[3].best = None, float("inf")
     state = callback_state(fresh)
     assert state[1]["best"] is None and math.isinf(state[2]["best"])
+
+
+def test_epoch_and_summary_lines() -> None:
+    from keras_distrib.trainers.base import epoch_line, summary_line
+
+    stats = [{"epoch": 1, "seconds": 2.0, "steps": 40, "steps_per_sec": 20.0, "worker_steps_per_sec": {0: 12.5, 1: 7.5}},
+             {"epoch": 2, "seconds": 2.0, "steps": 40, "steps_per_sec": 20.0, "worker_steps_per_sec": {}}]
+    assert epoch_line(stats[0], 5) == "epoch 2/5: 2.0 s, 20.0 steps/s (worker 0: 12.5, worker 1: 7.5 steps/s)"
+    assert epoch_line(stats[1], 5) == "epoch 3/5: 2.0 s, 20.0 steps/s"  # lockstep all-reduce: one rate
+    assert summary_line(stats, 4.25, "finished", "ckpt") == \
+        "fit finished: trained epochs 2-3 (80 steps) in 4.2 s; checkpoints in ckpt."
+    assert summary_line([], 0.5, "stopped early by a callback", None) == \
+        "fit stopped early by a callback: trained no epoch in 0.5 s; no checkpoint_dir."
