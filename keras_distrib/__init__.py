@@ -1,7 +1,7 @@
 """keras-distrib: distributed Keras/TensorFlow training on HPC clusters.
 
 Importing this package is cheap and TensorFlow-free; the TensorFlow-backed helpers
-(``strategy``, ``fit``, ``data``) import it on first use.
+(``strategy``, ``fit``, ``predict``, ``data``) import it on first use.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ _LAZY = {
     "chief_path": ("keras_distrib.jax_distribution", "chief_path"),
     "fit": ("keras_distrib.trainers", "fit"),
     "evaluate": ("keras_distrib.trainers", "evaluate"),
+    "predict": ("keras_distrib.trainers", "predict"),
 }
 
 
@@ -33,4 +34,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'keras_distrib' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "cluster", "strategy", "distribution", "chief_path", "fit", "evaluate", "data"]
+__all__ = ["__version__", "cluster", "strategy", "distribution", "chief_path", "fit", "evaluate", "predict", "data"]

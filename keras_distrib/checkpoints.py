@@ -4,8 +4,9 @@
   hidden ``.partial-*`` directory and then renamed to ``ckpt-<step>``; a rename is atomic,
   so a kill during a write leaves at most a stray partial directory (removed at the next
   start) and never spoils an earlier checkpoint. The newest ``keep`` are kept.
-* ``meta.json`` in each checkpoint: step, epoch, position in the epoch, layout and a
-  model signature; a checkpoint of another layout or model is refused with a HINT.
+* ``meta.json`` in each checkpoint: step, epoch, position in the epoch, layout, a model
+  signature and the callbacks' resume state; a checkpoint of another layout or model is
+  refused with a HINT.
 * Interval (`Interval`): every N steps or S seconds, from ``KERAS_DISTRIB_CHECKPOINT_EVERY``
   (launcher ``--checkpoint-every``); default `DEFAULT_EVERY`, plus one at every epoch end.
 * Preemption: `preemption_signals()` installs SIGUSR1/SIGTERM handlers that only set a
@@ -140,6 +141,9 @@ class Meta:
     signature: str
     saved_at: float
     format: int = FORMAT
+    #: State of the callbacks whose decisions depend on earlier epochs (ModelCheckpoint's
+    #: best value...), restored on resume; see ``trainers/callbacks.py``.
+    callbacks: Any = None
 
 
 def model_signature(model: Any) -> str:
@@ -274,6 +278,10 @@ class Checkpointer:
         self.steps_per_epoch: int | None = None
         self.schedule: Schedule | None = None
         self._write_fn: Callable[[Any], Any] | None = None
+        #: Returns what ``meta.json`` records as ``callbacks`` at each save (set by the trainer).
+        self.callback_state: Callable[[], Any] = lambda: None
+        #: The meta of the checkpoint `restore` used, or None.
+        self.restored: Meta | None = None
 
     def restore(self) -> int | None:
         """Restore the newest complete checkpoint; its step, or None when there is none."""
@@ -283,6 +291,7 @@ class Checkpointer:
         path, meta = found
         check_compatible(path, meta, self.layout, self.signature)
         self.tf_checkpoint.read(str(path / "ckpt")).expect_partial()
+        self.restored = meta
         if self.show:
             reached = self.store.last_progress()
             lost = f"; the {reached - meta.step} steps trained after it are redone" if reached and reached > meta.step else ""
@@ -293,7 +302,8 @@ class Checkpointer:
 
     def save(self, step: int) -> Path | None:
         epoch, in_epoch = position(step, self.steps_per_epoch)
-        meta = Meta(step, epoch, in_epoch, self.steps_per_epoch, self.layout, self.signature, time.time())
+        meta = Meta(step, epoch, in_epoch, self.steps_per_epoch, self.layout, self.signature, time.time(),
+                    callbacks=self.callback_state())
         path = self.store.save(self._write, meta)
         self.store.note_progress(step, force=True)
         if self.schedule is not None:

@@ -16,7 +16,7 @@ from typing import Any
 from ._common import TrainerError
 from ._private_apis import warn_if_untested
 
-__all__ = ["fit", "evaluate", "build", "ParameterServerTrainer", "AllReduceTrainer", "TrainerError", "trainer_for"]
+__all__ = ["fit", "evaluate", "predict", "build", "ParameterServerTrainer", "AllReduceTrainer", "TrainerError", "trainer_for"]
 
 warn_if_untested()
 
@@ -48,6 +48,8 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
     cached = _TRAINERS.get(model)
     if strategy is None and cached is not None:
         strategy = cached.strategy
+    if strategy is None:
+        strategy = _model_strategy(model)
     strategy = resolve_strategy(strategy)
     if cached is not None and cached.strategy is strategy:
         if steps_per_execution is not None and steps_per_execution != cached.steps_per_execution:
@@ -63,6 +65,14 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
     return trainer
 
 
+def _model_strategy(model: Any) -> Any:
+    """The ps/all-reduce strategy ``model`` was built under (Keras records it), else None."""
+    from ._common import strategy_kind
+
+    strategy = getattr(model, "distribute_strategy", None)
+    return strategy if strategy is not None and strategy_kind(strategy) is not None else None
+
+
 def _single_process(model: Any, strategy: Any) -> bool:
     """True outside a job: no plan/TF_CONFIG, no trainer yet and no distribution strategy."""
     import os
@@ -76,7 +86,7 @@ def _single_process(model: Any, strategy: Any) -> bool:
     if strategy is None:
         import tensorflow as tf
 
-        strategy = tf.distribute.get_strategy()
+        strategy = _model_strategy(model) or tf.distribute.get_strategy()
     return strategy_kind(strategy) is None and not os.environ.get("KERAS_DISTRIB_LAYOUT")
 
 
@@ -120,6 +130,21 @@ def evaluate(model: Any, *args: Any, strategy: Any = None, **kwargs: Any) -> dic
     return trainer_for(model, strategy).evaluate(*args, **kwargs)
 
 
+def predict(model: Any, x: Any, *, strategy: Any = None, **kwargs: Any) -> Any:
+    """Distributed ``model.predict``: the rows come back in ``x``'s order.
+
+    ``x``: arrays (dict/list inputs too), a ``tf.data.Dataset`` (of ``x`` or ``(x, y[, sw])``,
+    batched or not) or a `keras_distrib.data.FileSource` (its files in sorted order).
+    Parameter-server layouts: the chief schedules closures over every worker's shard and
+    returns all rows. All-reduce: call it on every worker (like fit); each worker predicts
+    its shard and every worker returns all rows. ``batch_size`` as in ``fit``; ``steps``
+    keeps the first ``steps`` batches, as Keras does. Outside a job: ``model.predict``.
+    """
+    if _single_process(model, strategy):
+        return model.predict(x, **{"verbose": 0, **kwargs})
+    return trainer_for(model, strategy).predict(x, **kwargs)
+
+
 def _signature_from(method_name: str, extra: list[inspect.Parameter]) -> inspect.Signature:
     from .base import Trainer
 
@@ -136,3 +161,4 @@ def _kw(name: str) -> inspect.Parameter:
 # base imports no TensorFlow, so this stays cheap.
 fit.__signature__ = _signature_from("fit", [_kw("strategy"), _kw("steps_per_execution")])  # type: ignore[attr-defined]
 evaluate.__signature__ = _signature_from("evaluate", [_kw("strategy")])  # type: ignore[attr-defined]
+predict.__signature__ = _signature_from("predict", [_kw("strategy")])  # type: ignore[attr-defined]

@@ -97,6 +97,35 @@ def check_model(model: Any, strategy: Any) -> Any:
     return opt
 
 
+#: Keras loops that cannot run under ParameterServerStrategy, and what to call instead.
+KERAS_LOOPS = ("fit", "evaluate", "predict")
+
+
+def refuse_keras_loops(model: Any) -> None:
+    """Make ``model.fit``/``evaluate``/``predict`` of a parameter-server model raise one clear error.
+
+    Upstream, they fail deep inside TensorFlow ("To use this dataset, you need to pass this
+    dataset to ClusterCoordinator.create_per_worker_dataset"). Instance attributes shadow
+    the bound methods (nothing is saved with the model; ``keras.Model.fit(model, ...)``
+    still reaches Keras' own method).
+    """
+    for name in KERAS_LOOPS:
+        setattr(model, name, _refusal(name))
+
+
+def _refusal(name: str) -> Any:
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise TrainerError(
+            f"model.{name}() cannot run on a model built for the parameter-server layout "
+            "(Keras' loops do not drive TensorFlow's ParameterServerStrategy). "
+            f"HINT: call keras_distrib.{name}(model, ...) with the same arguments."
+        )
+
+    refuse.__name__ = name
+    refuse.__doc__ = f"Refused under the parameter-server layout: use keras_distrib.{name}(model, ...)."
+    return refuse
+
+
 def _overrides_loss(model: Any) -> bool:
     import keras
 

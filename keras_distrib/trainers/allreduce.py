@@ -244,6 +244,68 @@ class AllReduceTrainer(Trainer):
         per_replica = None if source.batched else self._per_replica(batch_size)
         return EpochInput(self.strategy, source, per_replica=per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
 
+    def _input_pipelines(self) -> tuple[int, int]:
+        """(this worker's input pipeline index, number of pipelines): one per task."""
+        resolver = self.strategy.cluster_resolver
+        if resolver is None or resolver.cluster_spec() is None:
+            return 0, 1
+        spec = resolver.cluster_spec().as_dict()
+        chiefs, workers = len(spec.get("chief", [])), len(spec.get("worker", []))
+        offset = 0 if resolver.task_type == "chief" else chiefs
+        return offset + int(resolver.task_id or 0), max(1, chiefs + workers)
+
+    def _predict_rows(self, source: Any, *, batch_size: int | None, progress: Any) -> list[tuple[Any, Any]]:
+        """Each worker predicts its own shard; then every worker gets every row (`_all_rows`)."""
+        import tensorflow as tf
+
+        from . import ordered
+
+        index, count = self._input_pipelines()
+        per_replica = None if source.batched else self._per_replica(batch_size)
+        ds = kd_data.pipeline(source, index, count, batch_size=per_replica, shuffle=False, seed=None, repeat=False)
+        spec = ordered.output_spec(self.model, ds.element_spec)
+        model = self.model
+        predict_batch = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+        keys, preds = ordered.empty_rows(spec)
+        local = [(keys, preds)]
+        for batches, (batch_keys, x) in enumerate(ds, start=1):
+            local.append((batch_keys, predict_batch(x)))
+            progress(batches)
+        keys = tf.concat([k for k, _ in local], 0)
+        preds = tf.nest.map_structure(lambda *leaves: tf.concat(leaves, 0), *[p for _, p in local])
+        return [self._all_rows(index, count, (keys, preds))]
+
+    def _all_rows(self, index: int, count: int, rows: Any) -> Any:
+        """Every pipeline's ``rows`` (a nest of tensors of equal length), concatenated, on every worker.
+
+        An all-gather of uneven blocks written with the all-reduce the trainer already uses:
+        the block sizes are summed first, then each worker puts its rows (padded to the
+        largest block) at its own slot of a zero buffer and the buffers are summed (exact:
+        one non-zero term per element, carried as float64).
+        """
+        import tensorflow as tf
+
+        sizes = np.zeros(count, np.int64)
+        sizes[index] = int(tf.nest.flatten(rows)[0].shape[0])
+        sizes = np.asarray(self._sum_fn()({"sizes": tf.constant(sizes)})["sizes"])
+        widest = int(sizes.max())
+
+        def slot(t: Any) -> Any:
+            padded = tf.pad(t, [[0, widest - t.shape[0]]] + [[0, 0]] * (t.shape.rank - 1))
+            return tf.pad(padded, [[index * widest, (count - index - 1) * widest]] + [[0, 0]] * (t.shape.rank - 1))
+
+        summed = self._sum_fn()(tf.nest.map_structure(slot, rows))
+        real = np.concatenate([np.arange(i * widest, i * widest + sizes[i]) for i in range(count)])
+        return tf.nest.map_structure(lambda t: t.numpy()[real], summed)
+
+    def _sum_fn(self) -> Any:
+        import tensorflow as tf
+
+        if getattr(self, "_sum", None) is None:
+            # Traced per shape (static shapes pack into one buffer); every worker traces alike.
+            self._sum = tf.function(lambda nest: _sum_over_workers(self.strategy, nest))
+        return self._sum
+
     def _run(self, inp: EpochInput, epoch: int, *, training: bool, steps: int | None, hooks: ChunkHooks) -> Totals:
         """Run the epoch (or ``steps``) in calls of K steps; every worker in lockstep."""
         import tensorflow as tf

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import data as kd_data
-from ..checkpoints import preemption_signals
+from ..checkpoints import Preempted, preemption_signals, say
 from . import callbacks as cb_utils
 from ._common import CheckpointKeeper, TrainerError, check_model
 from .metrics import MetricSet, Totals
@@ -96,12 +96,16 @@ class Trainer:
         self.optimizer = check_model(model, strategy)
         self.steps_per_execution = max(1, int(steps_per_execution or self.default_steps_per_execution))
         self.metrics = MetricSet(model)
-        #: Per trained epoch: {"epoch", "seconds", "steps", "steps_per_sec"} (public).
-        self.epoch_stats: list[dict[str, float]] = []
+        #: Per trained epoch: {"epoch", "seconds", "steps", "steps_per_sec",
+        #: "worker_steps_per_sec": {worker: steps/s}} (public; seconds exclude validation).
+        self.epoch_stats: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------ subclass interface
 
     is_chief: bool = True
+    #: Training steps each worker ran in the last epoch ({worker index: steps}); filled by
+    #: runners that can tell (parameter server), empty in lockstep all-reduce.
+    worker_steps: dict[int, int] = {}
     #: The checkpoint keeper of the fit() in progress (None: no checkpoint_dir).
     _keeper: CheckpointKeeper | None = None
 
@@ -271,16 +275,33 @@ class Trainer:
             cb_utils.redirect_writers(callbacks, tmpdir)
         keeper = self._checkpoint_keeper(checkpoint_dir, target)
         self._keeper = keeper
+        started, first_stat, outcome = time.perf_counter(), len(self.epoch_stats), "stopped by an error"
+        if keeper is not None:
+            keeper.checkpointer.callback_state = lambda: cb_utils.callback_state(callbacks)
         try:
             initial_epoch, done_in_epoch = self._resume(keeper, target, initial_epoch, epochs)
+            restored = keeper.checkpointer.restored if keeper is not None else None
             cbs = cb_utils.callback_list(callbacks, self.model, epochs=epochs, steps=target,
                                          verbose=verbose, show=self.is_chief)
             with preemption_signals(enabled=keeper is not None):
-                return self._epoch_loop(cbs, train, val, epochs=epochs, initial_epoch=initial_epoch,
+                history = self._epoch_loop(cbs, train, val, epochs=epochs, initial_epoch=initial_epoch,
                                         steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
                                         validation_freq=validation_freq, keeper=keeper,
-                                        resume_steps=target - done_in_epoch if done_in_epoch else None)
+                                        resume_steps=target - done_in_epoch if done_in_epoch else None,
+                                        resume_callbacks=(callbacks, restored.callbacks if restored else None),
+                                        report=verbose != 0)
+            outcome = "stopped early by a callback" if self.model.stop_training else "finished"
+            return history
+        except Preempted:
+            outcome = "preempted (checkpoint saved)"
+            raise
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+            raise
         finally:
+            if self.is_chief and verbose != 0:
+                say(summary_line(self.epoch_stats[first_stat:], time.perf_counter() - started, outcome,
+                                 keeper.checkpointer.store.directory if keeper is not None else None))
             self._keeper = None
             if keeper is not None:
                 keeper.close()
@@ -289,9 +310,11 @@ class Trainer:
 
     def _epoch_loop(self, cbs: Any, train: Any, val: Any, *, epochs: int, initial_epoch: int,
                     steps_per_epoch: int | None, validation_steps: int | None, validation_freq: int,
-                    keeper: CheckpointKeeper | None, resume_steps: int | None = None) -> Any:
+                    keeper: CheckpointKeeper | None, resume_steps: int | None = None,
+                    resume_callbacks: tuple[Sequence[Any], Any] = ((), None), report: bool = False) -> Any:
         self.model.stop_training = False
         cbs.on_train_begin()
+        cb_utils.restore_callback_state(*resume_callbacks)  # after on_train_begin, which resets it
         logs: dict[str, float] = {}
         for epoch in range(initial_epoch, epochs):
             cbs.on_epoch_begin(epoch)
@@ -302,13 +325,19 @@ class Trainer:
                                hooks=self._hooks(cbs, epoch, training=True))
             self._after_train_epoch()
             seconds = time.perf_counter() - start
-            self.epoch_stats.append({"epoch": epoch, "seconds": seconds, "steps": totals.steps,
-                                     "steps_per_sec": totals.steps / max(seconds, 1e-9)})
+            stats = {"epoch": epoch, "seconds": seconds, "steps": totals.steps,
+                     "steps_per_sec": totals.steps / max(seconds, 1e-9),
+                     "worker_steps_per_sec": {w: n / max(seconds, 1e-9) for w, n in sorted(self.worker_steps.items())}}
+            self.epoch_stats.append(stats)
             logs = totals.logs(self.metrics)
             if val is not None and (epoch + 1) % max(1, validation_freq) == 0:
                 logs.update(self._evaluate(val, cbs, steps=validation_steps, prefix="val_"))
-            self._save_checkpoint(keeper)
             cbs.on_epoch_end(epoch, logs)
+            if report and self.is_chief:  # after Keras' progress bar finished its epoch line
+                say(epoch_line(stats, epochs))
+            # After the callbacks: the checkpoint holds their view of this epoch (best values,
+            # a learning rate ReduceLROnPlateau just lowered).
+            self._save_checkpoint(keeper)
             if self._agree(bool(self.model.stop_training)):
                 break
         cbs.on_train_end(logs)
@@ -333,11 +362,67 @@ class Trainer:
                                      verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)
         return self._evaluate(inp, cbs, steps=steps, prefix=prefix)
 
+    def predict(
+        self,
+        x: Any,
+        *,
+        batch_size: int | None = None,
+        verbose: Any = 0,
+        steps: int | None = None,
+        callbacks: Sequence[Any] | None = None,
+    ) -> Any:
+        """Predictions for every row of ``x``, in ``x``'s order (see `keras_distrib.trainers.predict`)."""
+        from . import ordered
+
+        source = ordered.keyed_source(x, batch_size=batch_size or 32, steps=steps)
+        cbs = cb_utils.callback_list(callbacks, self.model, epochs=1, steps=None,
+                                     verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)
+        cbs.on_predict_begin()
+        batches = 0
+
+        def progress(done: int) -> None:
+            nonlocal batches
+            for b in range(batches, done):
+                cbs.on_predict_batch_begin(b)
+                cbs.on_predict_batch_end(b, {})
+            batches = done
+
+        parts = self._predict_rows(source, batch_size=batch_size, progress=progress)
+        out = ordered.assemble(parts, None if source.batched else source.num_examples)
+        cbs.on_predict_end()
+        return out
+
+    def _predict_rows(self, source: Any, *, batch_size: int | None,
+                      progress: Callable[[int], None]) -> list[tuple[Any, Any]]:  # pragma: no cover - abstract
+        """``(keys, predictions)`` parts covering every element of the keyed ``source``."""
+        raise NotImplementedError
+
     def checkpoint(self) -> Any:
         """A tf.train.Checkpoint of model, optimizer and the exact step."""
         import tensorflow as tf
 
         return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
+
+
+def epoch_line(stats: dict[str, Any], epochs: int) -> str:
+    """``epoch 2/5: 3.1 s, 45.2 steps/s (worker 0: 24.0, worker 1: 21.2 steps/s)``."""
+    line = f"epoch {stats['epoch'] + 1}/{epochs}: {stats['seconds']:.1f} s, {stats['steps_per_sec']:.1f} steps/s"
+    workers = stats.get("worker_steps_per_sec") or {}
+    if workers:
+        line += " (" + ", ".join(f"worker {w}: {r:.1f}" for w, r in workers.items()) + " steps/s)"
+    return line
+
+
+def summary_line(stats: Sequence[dict[str, Any]], seconds: float, outcome: str, checkpoint_dir: Any) -> str:
+    """The one line fit() ends with: time, epochs trained, why it ended, where checkpoints went."""
+    if stats:
+        first, last = stats[0]["epoch"] + 1, stats[-1]["epoch"] + 1
+        epochs = f"epoch {first}" if first == last else f"epochs {first}-{last}"
+        trained = f"trained {epochs} ({sum(s['steps'] for s in stats)} steps)"
+    else:
+        trained = "trained no epoch"
+    where = f"checkpoints in {checkpoint_dir}" if checkpoint_dir else "no checkpoint_dir"
+    return f"fit {outcome}: {trained} in {seconds:.1f} s; {where}."
 
 
 def steps_for_shards(num_examples: int | None, num_shards: int, batch_size: int | None) -> list[int] | None:

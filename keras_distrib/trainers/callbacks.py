@@ -61,3 +61,48 @@ def redirect_writers(callbacks: Sequence[Any], tmpdir: str) -> None:
         else:
             continue
         os.makedirs(sub, exist_ok=True)
+
+
+def _stateful_attributes(callback: Any) -> tuple[str, ...]:
+    """What a Keras callback remembers from earlier epochs and resets in on_train_begin."""
+    import keras
+
+    if isinstance(callback, keras.callbacks.ModelCheckpoint):
+        return ("best",)
+    if isinstance(callback, keras.callbacks.EarlyStopping):
+        return ("best", "wait", "best_epoch")
+    if isinstance(callback, keras.callbacks.ReduceLROnPlateau):
+        return ("best", "wait", "cooldown_counter")
+    return ()
+
+
+def _plain(value: Any) -> Any:
+    """A JSON number (numpy scalars and tensors too), or None."""
+    return None if value is None else float(value)
+
+
+def callback_state(callbacks: Sequence[Any]) -> list[dict[str, Any]]:
+    """Resume state of ModelCheckpoint (best), EarlyStopping and ReduceLROnPlateau (best, wait...)."""
+    out = []
+    for index, cb in enumerate(callbacks):
+        attrs = _stateful_attributes(cb)
+        if attrs:
+            out.append({"index": index, "class": type(cb).__name__, **{a: _plain(getattr(cb, a, None)) for a in attrs}})
+    return out
+
+
+def restore_callback_state(callbacks: Sequence[Any], saved: Any) -> None:
+    """Put `callback_state`'s record back (call after ``on_train_begin``, which resets it).
+
+    A record is matched by position and class in the ``callbacks`` list, so a changed list
+    restores only the callbacks still in the same place.
+    """
+    for entry in saved or []:
+        index = entry.get("index", -1)
+        if not 0 <= index < len(callbacks) or type(callbacks[index]).__name__ != entry.get("class"):
+            continue
+        cb = callbacks[index]
+        for attr in _stateful_attributes(cb):
+            if attr in entry:
+                value = entry[attr]
+                setattr(cb, attr, int(value) if attr != "best" and value is not None else value)

@@ -122,13 +122,24 @@ def build(model_fn: Callable[[], Any], strategy: Any = None) -> Any:
     ``model_fn`` should create (and may compile) the model; with a compiled optimizer its
     variables are built too, so they are placed while the planner is active. For a
     non-parameter-server strategy this is just ``with strategy.scope(): model_fn()``.
+    In the parameter-server layouts the model's ``fit``/``evaluate``/``predict`` raise one
+    error naming ``keras_distrib.fit``/``evaluate``/``predict`` (see `refuse_keras_loops`).
     """
-    from ._common import resolve_strategy, strategy_kind
+    from ._common import refuse_keras_loops, resolve_strategy, strategy_kind
 
     if strategy is not None and strategy_kind(strategy) is None:  # single process (outside a job)
         with strategy.scope():
             return _finish(model_fn())
     strategy = resolve_strategy(strategy, allow=("ps", "allreduce"))
+    if strategy_kind(strategy) == "ps":
+        model = _build_on_ps(model_fn, strategy)
+        refuse_keras_loops(model)  # model.fit & co. name keras_distrib.fit & co. instead
+        return model
+    with strategy.scope():
+        return _finish(model_fn())
+
+
+def _build_on_ps(model_fn: Callable[[], Any], strategy: Any) -> Any:
     num_ps = _num_ps(strategy)
     if num_ps < 2:
         with strategy.scope():

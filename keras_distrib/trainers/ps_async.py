@@ -59,7 +59,7 @@ from typing import Any
 from .. import data as kd_data
 from . import _private_apis as private
 from . import packing
-from ._common import resolve_strategy
+from ._common import refuse_keras_loops, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, pack_totals, step_totals, unpack, unpack_totals, zeros_totals
 from .placement import placement_scope
@@ -124,6 +124,7 @@ class ParameterServerTrainer(Trainer):
         import tensorflow as tf
 
         super().__init__(model, resolve_strategy(strategy, allow=("ps",)), steps_per_execution=steps_per_execution)
+        refuse_keras_loops(model)  # a model built under strategy.scope() gets the clear error too
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self.num_workers = len(private.coordinator_workers(self.coordinator))
         with placement_scope(model), self.strategy.scope():
@@ -258,12 +259,17 @@ class ParameterServerTrainer(Trainer):
             counted = totals.count if by_examples else totals.steps
             return inp.expected is not None and counted >= inp.expected
 
+        if training:
+            self.worker_steps = {}
+
         def fold_oldest() -> None:
             _, rv = pending.popleft()
             vector = rv.fetch()
             if vector[1]:
                 exhausted.add(int(vector[0]))
             out = unpack_totals(vector[2:], reset)
+            if training:  # the shard index is the worker's: steps per worker (stragglers)
+                self.worker_steps[int(vector[0])] = self.worker_steps.get(int(vector[0]), 0) + int(out["steps"])
             totals.add(out)
             if out["steps"]:
                 hooks.after(totals.steps - 1, totals)
@@ -289,6 +295,71 @@ class ParameterServerTrainer(Trainer):
                 self._after_train_epoch()
                 hooks.checkpoint_now()
         return totals
+
+    def _make_predict_fn(self, spec: Any) -> Any:
+        import tensorflow as tf
+
+        from . import ordered
+
+        model, strategy = self.model, self.strategy
+
+        def one_batch(iterator: Any, carry: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
+            keys, preds, batches, exhausted = carry
+            optional = iterator.get_next_as_optional()
+
+            def run() -> tuple[Any, Any, Any, Any]:
+                batch_keys, x = optional.get_value()
+                y = strategy.run(lambda x: model(x, training=False), args=(x,))
+                joined = tf.nest.map_structure(lambda a, b: tf.concat([a, b], 0), preds, y)
+                return tf.concat([keys, batch_keys], 0), joined, batches + 1, exhausted
+
+            return tf.cond(optional.has_value(), run, lambda: (keys, preds, batches, tf.constant(True)))
+
+        @tf.function
+        def predict_chunk(iterator: Any, shard_ids: Any, num_steps: int) -> Any:
+            shard = next(shard_ids)
+            keys, preds = ordered.empty_rows(spec)
+            carry = (keys, preds, tf.constant(0, tf.int64), tf.constant(False))
+            for _ in range(num_steps):  # unrolled, as in training (module docstring)
+                carry = one_batch(iterator, carry)
+            keys, preds, batches, exhausted = carry
+            return {"shard": shard, "exhausted": exhausted, "batches": batches, "keys": keys, "preds": preds}
+
+        return predict_chunk
+
+    def _predict_rows(self, source: Any, *, batch_size: int | None, progress: Any) -> list[tuple[Any, Any]]:
+        """Closures of K batches over every worker's shard; the chief keeps every result."""
+        from . import ordered
+
+        inp = self._input(source, batch_size=batch_size, shuffle=False, seed=None, repeat=False)
+        fn = self._make_predict_fn(ordered.output_spec(self.model, inp.sample.element_spec))
+        iterator = inp.iterator(0)
+        k = min(self.steps_per_execution, MAX_UNROLLED_STEPS)
+        parts: list[tuple[Any, Any]] = []
+        pending: deque = deque()
+        exhausted: set[int] = set()
+        rows = batches = 0
+
+        def complete() -> bool:
+            if len(exhausted) == self.num_workers:
+                return True
+            counted = batches if source.batched else rows
+            return inp.expected is not None and counted >= inp.expected
+
+        while True:
+            while not complete() and len(pending) < self._window():
+                pending.append(self.coordinator.schedule(fn, args=(iterator, self._shard_ids, k)))
+            if not pending:
+                break
+            out = pending.popleft().fetch()
+            if out["exhausted"]:
+                exhausted.add(int(out["shard"]))
+            if out["batches"]:
+                parts.append((out["keys"], out["preds"]))
+                rows += len(out["keys"])
+                batches += int(out["batches"])
+                progress(batches)
+        return parts  # closures still in flight at completion were folded too (empty or duplicates)
 
     def _after_train_epoch(self) -> None:
         self.coordinator.join()

@@ -71,6 +71,12 @@ elif mode == "uneven":
     result.update(step=int(trainer_for(model, strategy).global_step.numpy()), eval=logs,
                   local_accuracy=float(np.mean(p.argmax(-1) == y)),
                   local_loss=float(np.mean(-np.log(np.clip(p[np.arange(len(y)), y], 1e-7, 1)))))
+    # The predict grid (tests/local/predict_grid.py) in this same job: every worker gets all rows.
+    sys.path.insert(0, os.path.join(os.environ["REPO"], "tests", "local"))
+    import predict_grid
+    grid_dir = os.path.join(out, f"predict-{rank}")
+    os.makedirs(grid_dir, exist_ok=True)
+    result["predict"] = predict_grid.run(placement.build(predict_grid.make_model, strategy), keras_distrib.predict, grid_dir)
 print(json.dumps(result), flush=True)
 '''
 
@@ -121,11 +127,26 @@ def test_sync_training_identical_weights_chief_writes_resume(tmp_path: Path) -> 
     np.testing.assert_allclose(np.load(tmp_path / "p.npy"), np.load(out / "pred.npy"), rtol=1e-5, atol=1e-6)
 
 
-def test_uneven_data_three_workers_no_hang_nothing_dropped(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def uneven_results(tmp_path_factory: Any) -> list[dict[str, Any]]:
+    """One 3-worker job shared by the uneven-data and predict tests."""
+    return run(tmp_path_factory.mktemp("uneven"), "uneven", 3)
+
+
+def test_uneven_data_three_workers_no_hang_nothing_dropped(uneven_results: list[dict[str, Any]]) -> None:
     """1001 examples over 3 workers (334/334/333), 10 per worker per step."""
-    results = run(tmp_path, "uneven", 3)
+    results = uneven_results
     for r in results:
         assert r["step"] == 34  # ceil(334 / 10): the longest shard decides, nobody hangs
         # Every example evaluated exactly once: distributed metrics equal a local full pass.
         assert r["eval"]["accuracy"] == pytest.approx(r["local_accuracy"], abs=1e-6)
         assert r["eval"]["loss"] == pytest.approx(r["local_loss"], rel=1e-4)
+
+
+def test_predict_grid_every_worker_gets_all_rows_in_order(uneven_results: list[dict[str, Any]]) -> None:
+    """keras_distrib.predict on 3 all-reduce workers (the grid ran in the "uneven" job)."""
+    import predict_grid
+
+    assert len(uneven_results) == 3
+    for r in uneven_results:
+        predict_grid.check(r["predict"])

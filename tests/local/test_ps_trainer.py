@@ -9,6 +9,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -439,3 +440,68 @@ def test_callback_contract_order_and_stop_at_a_chunk_boundary(strategy: Any, dig
     # Stopped after the chunk that reached step 10; closures already in flight (at most
     # 4 per worker, 5 steps each) still finish: far fewer than the epoch's 180 steps.
     assert 10 <= steps <= 100, steps
+
+
+def test_predict_grid_in_input_order(strategy: Any, tmp_path: Path) -> None:
+    """keras_distrib.predict returns model(x) row for row in the input's order (tests/local/predict_grid.py)."""
+    import predict_grid
+
+    import keras_distrib
+
+    model = build(strategy, predict_grid.make_model)
+    predict_grid.check(predict_grid.run(model, keras_distrib.predict, str(tmp_path)))
+
+
+def test_keras_loops_on_a_ps_model_name_the_keras_distrib_function(strategy: Any, digits: Any) -> None:
+    """model.fit/evaluate/predict of a ps model: one TrainerError naming keras_distrib.<same>."""
+    import keras_distrib
+    from keras_distrib.trainers import TrainerError
+
+    x_train, _, y_train, _ = digits
+    x, y = x_train[:64], y_train[:64]
+    built = build(strategy)  # keras_distrib's build()
+    with strategy.scope():  # built by hand: guarded from its first keras_distrib call on
+        by_hand = mlp()
+    keras_distrib.evaluate(by_hand, (x, y), strategy=strategy)
+    for model in (built, by_hand):
+        for name, args in (("fit", (x, y)), ("evaluate", (x, y)), ("predict", (x,))):
+            with pytest.raises(TrainerError, match=rf"model\.{name}\(\) cannot run .*HINT: call keras_distrib\.{name}\(model"):
+                getattr(model, name)(*args, verbose=0)
+    # The keras_distrib functions still work on the guarded model.
+    assert keras_distrib.predict(built, x, batch_size=16).shape == (64, 10)
+
+
+def test_resume_keeps_the_callbacks_best_values(strategy: Any, digits: Any, tmp_path: Path, capsys: Any) -> None:
+    """ModelCheckpoint(save_best_only) and EarlyStopping continue from the saved best after a resume;
+    the chief's per-epoch line shows each worker's steps/s and fit ends with one summary line."""
+    import keras
+
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
+    x, y = x_train[:400], y_train[:400]
+    ckpt = str(tmp_path / "ckpt")
+
+    def callbacks() -> list[Any]:
+        return [keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras"), monitor="loss", save_best_only=True),
+                keras.callbacks.EarlyStopping(monitor="loss", patience=50)]
+
+    first = callbacks()
+    keras_distrib.fit(build(strategy), (x, y), epochs=2, batch_size=32, verbose=0, strategy=strategy,
+                      callbacks=first, checkpoint_dir=ckpt)
+    assert first[0].best is not None and first[1].best is not None
+
+    class SeenAtResume(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            if not hasattr(self, "seen"):
+                self.seen = (epoch, second[0].best, second[1].best, second[1].wait)
+
+    second = callbacks()
+    probe = SeenAtResume()
+    capsys.readouterr()
+    keras_distrib.fit(build(strategy), (x, y), epochs=3, batch_size=32, verbose=2, strategy=strategy,
+                      callbacks=second + [probe], checkpoint_dir=ckpt)
+    assert probe.seen == (2, pytest.approx(first[0].best), pytest.approx(first[1].best), first[1].wait)
+    err = capsys.readouterr().err
+    assert re.search(r"keras_distrib: epoch 3/3: [\d.]+ s, [\d.]+ steps/s \(worker 0: [\d.]+, worker 1: [\d.]+ steps/s\)", err), err
+    assert "keras_distrib: fit finished: trained epoch 3 (14 steps) in " in err and f"checkpoints in {ckpt}." in err, err

@@ -1,0 +1,64 @@
+"""Callbacks' best values survive a resume: recorded in meta.json, put back after on_train_begin."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from keras_distrib.checkpoints import CheckpointStore, Meta
+
+pytestmark = pytest.mark.unit
+
+
+def test_best_values_round_trip_through_meta_json(tmp_path: Path) -> None:
+    import keras
+    import numpy as np
+
+    from keras_distrib.trainers.callbacks import callback_state, restore_callback_state
+
+    def callbacks() -> list:
+        return [keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+                keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras"), save_best_only=True),
+                keras.callbacks.EarlyStopping(patience=5),
+                keras.callbacks.ReduceLROnPlateau(patience=3)]
+
+    first = callbacks()
+    first[1].best = np.float32(0.25)
+    first[2].best, first[2].wait, first[2].best_epoch = 0.5, 2, 3
+    first[3].best, first[3].wait, first[3].cooldown_counter = 0.75, 1, 0
+    store = CheckpointStore(tmp_path / "ckpt", writer=True)
+    store.save(lambda prefix: Path(prefix + ".index").write_bytes(b""),
+               Meta(40, 4, 0, 10, "allreduce", "abc-4w", 0.0, callbacks=callback_state(first)))
+    saved = store.latest()[1].callbacks
+
+    second = callbacks()
+    for cb in second[2:]:
+        cb.on_train_begin()  # what Keras resets at the start of every fit
+    restore_callback_state(second, saved)
+    assert second[1].best == pytest.approx(0.25)
+    assert (second[2].best, second[2].wait, second[2].best_epoch) == (0.5, 2, 3)
+    assert (second[3].best, second[3].wait, second[3].cooldown_counter) == (0.75, 1, 0)
+    # A list changed since the save: only callbacks still in the same place and class are restored.
+    moved = [keras.callbacks.EarlyStopping(patience=5)] + callbacks()[1:2]
+    restore_callback_state(moved, saved)
+    assert moved[0].wait == 0 and moved[1].best == pytest.approx(0.25)
+    # Values not set yet (None) and infinities are recorded as they are.
+    fresh = callbacks()
+    fresh[2].best, fresh[3].best = None, float("inf")
+    state = callback_state(fresh)
+    assert state[1]["best"] is None and math.isinf(state[2]["best"])
+
+
+def test_epoch_and_summary_lines() -> None:
+    from keras_distrib.trainers.base import epoch_line, summary_line
+
+    stats = [{"epoch": 1, "seconds": 2.0, "steps": 40, "steps_per_sec": 20.0, "worker_steps_per_sec": {0: 12.5, 1: 7.5}},
+             {"epoch": 2, "seconds": 2.0, "steps": 40, "steps_per_sec": 20.0, "worker_steps_per_sec": {}}]
+    assert epoch_line(stats[0], 5) == "epoch 2/5: 2.0 s, 20.0 steps/s (worker 0: 12.5, worker 1: 7.5 steps/s)"
+    assert epoch_line(stats[1], 5) == "epoch 3/5: 2.0 s, 20.0 steps/s"  # lockstep all-reduce: one rate
+    assert summary_line(stats, 4.25, "finished", "ckpt") == \
+        "fit finished: trained epochs 2-3 (80 steps) in 4.2 s; checkpoints in ckpt."
+    assert summary_line([], 0.5, "stopped early by a callback", None) == \
+        "fit stopped early by a callback: trained no epoch in 0.5 s; no checkpoint_dir."
