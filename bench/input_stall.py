@@ -95,7 +95,10 @@ def main() -> None:
         stages[name] = {c: stage_times(spec, args.batch, 5 if args.smoke else 400, 1024 if args.smoke else 4096, c)
                         for c in stage_cores}
         for layout in layouts:
-            r = raw[f"{name} {layout}"] = run(layout, sides)
+            # One process alone (the chief, servers idle) gives the step's pure compute; the
+            # all-reduce workers all run the script, so that layout reuses a ps layout's.
+            extra = [] if layout == "2w" else ["single_process"]
+            r = raw[f"{name} {layout}"] = run(layout, sides + extra)
             for kind, label in kinds.items():
                 c = Comparison(f"8. input {kind} {name} {layout}", label, "cached batch", "steps/s",
                                r[f"pipeline_{kind}"], r["cached_batch"], target="stall = 1 - A/B")
@@ -111,6 +114,12 @@ def main() -> None:
                                       "steps_per_sec": raw, "stage_us_per_batch": stages,
                                       "input_cores_needed": need}, args.out)
     plot_stages(stages, args.out)
+    profile = step_profile(raw)
+    for run, parts in profile.items():
+        print(f"  step profile {run}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in parts.items()))
+    plot_step_profile(profile, args.out)
+    data = json.loads((args.out / "input_stall.json").read_text())
+    (args.out / "input_stall.json").write_text(json.dumps(data | {"step_profile_ms": profile}, indent=2))
 
 
 def print_stages(stages: dict[str, dict[int, dict[str, float]]], raw: dict[str, dict[str, list[float]]],
@@ -136,6 +145,60 @@ def print_stages(stages: dict[str, dict[int, dict[str, float]]], raw: dict[str, 
             print(f"  {run}: at {steps:.0f} steps/s the input needs "
                   + ", ".join(f"{need[f'{run} {k}']:.2f} ({k})" for k in KINDS) + " cores")
     return need
+
+
+def step_profile(raw: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, float]]:
+    """{run: {part: ms of wall time per step}} from the medians of one run's sides.
+
+    compute = one process alone, same model and batch (``single_process``; all-reduce runs
+    take their model's ps run's); distribution = the cached-batch step minus that (ps:
+    variable reads, gradient sends, closure scheduling; all-reduce: the collective; on a
+    shared machine also the CPU the other processes take); input wait = the FileSource
+    (batch-then-parse) step minus the cached-batch step. Negative differences print as 0.
+    """
+    def ms(rates: list[float]) -> float:
+        return 1000.0 / statistics.median(rates)
+
+    out: dict[str, dict[str, float]] = {}
+    for run, sides in raw.items():
+        model = run.split()[0]
+        alone = sides.get("single_process") or next(
+            (r["single_process"] for k, r in raw.items() if k.split()[0] == model and "single_process" in r), None)
+        if alone is None or "pipeline_files" not in sides:
+            continue
+        compute, cached, files = ms(alone), ms(sides["cached_batch"]), ms(sides["pipeline_files"])
+        out[run] = {"compute": compute, "distribution": max(cached - compute, 0.0),
+                    "input wait": max(files - cached, 0.0)}
+    return out
+
+
+def plot_step_profile(profile: dict[str, dict[str, float]], out: Path) -> None:
+    """step_profile.png: one stacked bar per (model, layout) of where a step's wall time goes."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    if not profile:
+        return
+    runs = list(profile)
+    labels = [f"{r.split()[0]}\n{LAYOUT_NAMES.get(r.split()[1], r.split()[1])}" for r in runs]
+    fig, ax = plt.subplots(figsize=(8.5, 1.0 + 0.75 * len(runs)))
+    left = [0.0] * len(runs)
+    for part, color in (("compute", "tab:blue"), ("distribution", "tab:orange"), ("input wait", "tab:red")):
+        widths = [profile[r][part] for r in runs]
+        ax.barh(labels, widths, left=left, color=color, label=part)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds of wall time per training step (median over rounds)")
+    ax.set_title("Where a step's time goes: keras_distrib.fit, FileSource input", fontsize=11)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.tick_params(labelsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "step_profile.png", dpi=100)
+    plt.close(fig)
 
 
 def plot_stages(stages: dict[str, dict[int, dict[str, float]]], out: Path) -> None:
