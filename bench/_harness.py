@@ -12,6 +12,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -97,16 +98,35 @@ def save(name: str, comparisons: Sequence[Comparison], extra: dict | None = None
     except ImportError:
         print(f"wrote {path} (no plot: pip install -e '.[bench]' for matplotlib)")
         return path
-    fig, axes = plt.subplots(1, len(comparisons), figsize=(4.5 * len(comparisons), 3.6), squeeze=False)
-    for ax, c in zip(axes[0], comparisons):
-        ax.boxplot([c.a, c.b], tick_labels=[c.a_label, c.b_label])
-        ax.set_title(f"{c.name}\nA/B median {c.summary()['ratio_median']:.2f}", fontsize=9)
-        ax.set_ylabel(c.unit)
-    fig.tight_layout()
+    fig = comparison_grid(plt, comparisons)
     png = out / f"{name}.png"
     fig.savefig(png, dpi=90)
+    plt.close(fig)
     print(f"wrote {path} and {png}")
     return path
+
+
+#: Panels per row of a benchmark's plot (more made one unreadable strip).
+PLOT_COLUMNS = 3
+
+
+def comparison_grid(plt: Any, comparisons: Sequence[Comparison]) -> Any:
+    """One box plot per comparison (A and B over rounds), at most `PLOT_COLUMNS` a row."""
+    import textwrap
+
+    columns = min(PLOT_COLUMNS, len(comparisons))
+    rows = -(-len(comparisons) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(5.0 * columns, 3.9 * rows), squeeze=False)
+    for ax in axes.flat[len(comparisons):]:
+        ax.set_visible(False)
+    for ax, c in zip(axes.flat, comparisons):
+        ax.boxplot([c.a, c.b], tick_labels=[textwrap.fill(c.a_label, 22), textwrap.fill(c.b_label, 22)])
+        ax.set_title(textwrap.fill(c.name, 40) + f"\nA/B median {c.summary()['ratio_median']:.2f}", fontsize=10)
+        ax.set_ylabel(c.unit, fontsize=10)
+        ax.tick_params(labelsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def parser(description: str) -> argparse.ArgumentParser:

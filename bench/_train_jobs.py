@@ -292,18 +292,56 @@ def write_tfrecords(x: Any, y: Any, directory: Path, files: int) -> list[str]:
     return paths
 
 
-def tfrecord_reader(shape: tuple[int, ...]) -> Callable[[Any], Any]:
-    """reader(path) -> dataset of (x, y): parse each example (parallel map), as users write it."""
+def tfrecord_spec(shape: tuple[int, ...]) -> dict[str, Any]:
+    """The tf.io feature spec of `write_tfrecords`' examples."""
     import numpy as np
     import tensorflow as tf
 
-    spec = {"x": tf.io.FixedLenFeature([int(np.prod(shape))], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+    return {"x": tf.io.FixedLenFeature([int(np.prod(shape))], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64)}
+
+
+def parse_record(shape: tuple[int, ...]) -> Callable[[Any], Any]:
+    """parse(record) -> (x, y): one tf.train.Example at a time."""
+    import tensorflow as tf
+
+    spec = tfrecord_spec(shape)
 
     def parse(record: Any) -> Any:
         ex = tf.io.parse_single_example(record, spec)
         return tf.reshape(ex["x"], shape), tf.cast(ex["y"], tf.int32)
 
-    return lambda path: tf.data.TFRecordDataset(path).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    return parse
+
+
+def parse_records(shape: tuple[int, ...]) -> Callable[[Any], Any]:
+    """parse_batch(records) -> (x, y): a whole batch of tf.train.Examples in one op."""
+    import tensorflow as tf
+
+    spec = tfrecord_spec(shape)
+
+    def parse_batch(records: Any) -> Any:
+        ex = tf.io.parse_example(records, spec)
+        return tf.reshape(ex["x"], (-1, *shape)), tf.cast(ex["y"], tf.int32)
+
+    return parse_batch
+
+
+#: FileSource variants measured by bench/input_stall.py (side ``pipeline_<name>``).
+FILE_RECIPES = ("files_per_record", "files", "files_cache")
+
+
+def file_source(paths: list[str], shape: tuple[int, ...], recipe: str, num_examples: int) -> Any:
+    """The FileSource of one recipe: per-record parse; batch-then-parse (the README recipe);
+    per-record parse with an in-memory cache of the parsed examples."""
+    from keras_distrib import data as kd_data
+
+    if recipe == "files_per_record":
+        return kd_data.FileSource(paths, parse=parse_record(shape), num_examples=num_examples)
+    if recipe == "files":
+        return kd_data.FileSource(paths, parse_batch=parse_records(shape), num_examples=num_examples)
+    if recipe == "files_cache":
+        return kd_data.FileSource(paths, parse=parse_record(shape), cache=True, num_examples=num_examples)
+    raise ValueError(recipe)
 
 
 def side_stall(ctx: "Context", kind: str) -> Callable[[int], float]:
@@ -313,10 +351,11 @@ def side_stall(ctx: "Context", kind: str) -> Callable[[int], float]:
 
     if kind == "arrays":
         return side_keras_distrib(ctx, kd_data.ArraySource((ctx.x, ctx.y)))
-    if kind == "files":
-        paths = write_tfrecords(ctx.x, ctx.y, Path(ctx.workdir) / "tfrecords", files=4)
-        source = kd_data.FileSource(paths, reader=tfrecord_reader(ctx.x.shape[1:]), num_examples=len(ctx.x))
-        return side_keras_distrib(ctx, source)
+    if kind in FILE_RECIPES:
+        if not hasattr(ctx, "tfrecords"):  # once per process (all-reduce workers each write their own)
+            ctx.tfrecords = write_tfrecords(ctx.x, ctx.y, Path(ctx.workdir) / f"tfrecords-{os.getpid()}", files=4)
+        paths = ctx.tfrecords
+        return side_keras_distrib(ctx, file_source(paths, ctx.x.shape[1:], kind, len(ctx.x)))
     # One pre-materialised batch, cached in memory and repeated: no per-step input work.
     return side_keras_distrib(ctx, CachedBatch(ctx.x[: ctx.batch], ctx.y[: ctx.batch]), shuffle=False)
 
@@ -351,7 +390,7 @@ SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
     "hand_loop_unrolled": lambda ctx: side_hand_loop(ctx, unrolled=True),
     "single_process": side_single_process,
     "pipeline_arrays": lambda ctx: side_stall(ctx, "arrays"),
-    "pipeline_files": lambda ctx: side_stall(ctx, "files"),
+    **{f"pipeline_{recipe}": functools.partial(side_stall, kind=recipe) for recipe in FILE_RECIPES},
     "cached_batch": lambda ctx: side_stall(ctx, "cached"),
 }
 

@@ -8,7 +8,8 @@ layer that rejects an empty batch, so an empty batch in all-reduce fails the run
 
 One cluster per (layout, workers) runs every case of its grid in one script (a process
 connects to one cluster only). Input kinds: numpy dict / tf.data batched / unbatched /
-shuffled (reshuffle_each_iteration) / FileSource / self_loading. A representative subset of
+shuffled (reshuffle_each_iteration) / FileSource (per-record parse, batch-then-parse) /
+self_loading. A representative subset of
 kinds x (size, batch) runs (see MAIN and SMALL; the full cross-product would take ~4x longer
 on 2 cores). worker-per-gpu uses the same ParameterServerTrainer as ps-per-node (only the
 process placement differs), so ps-per-node stands for both here.
@@ -84,12 +85,15 @@ def write_files(n, name):
     paths = []
     for f in range(6):
         path = os.path.join(tmp, f"{name}-{n}-{f}.tfrecord")
-        with tf.io.TFRecordWriter(path) as w:
+        # Every all-reduce worker writes the same files: write privately, then rename
+        # atomically, so no worker reads a file another one is still writing.
+        with tf.io.TFRecordWriter(f"{path}.{os.getpid()}") as w:
             for i in range(f, n, 6):
                 feats = {"a": tf.train.Feature(float_list=tf.train.FloatList(value=x["a"][i])),
                          "b": tf.train.Feature(float_list=tf.train.FloatList(value=x["b"][i])),
                          "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y[i]]))}
                 w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+        os.replace(f"{path}.{os.getpid()}", path)
         paths.append(path)
     spec = {"a": tf.io.FixedLenFeature([4], tf.float32), "b": tf.io.FixedLenFeature([2], tf.float32),
             "y": tf.io.FixedLenFeature([], tf.float32)}
@@ -99,6 +103,12 @@ def write_files(n, name):
             ex = tf.io.parse_single_example(record, spec)
             return {"a": ex["a"], "b": ex["b"]}, ex["y"]
         return tf.data.TFRecordDataset(path).map(parse)
+
+    def parse_batch(records):  # the vectorised recipe: batch the records, then parse
+        ex = tf.io.parse_example(records, spec)
+        return {"a": ex["a"], "b": ex["b"]}, ex["y"]
+    if name == "fb":
+        return kd.FileSource(paths, parse_batch=parse_batch, num_examples=n)
     return kd.FileSource(paths, reader=reader, num_examples=n)
 
 
@@ -122,6 +132,8 @@ def data(kind, n, batch):
         return (ds,), {}
     if kind == "files":
         return (write_files(n, "f"),), {"batch_size": batch}
+    if kind == "files_parse_batch":
+        return (write_files(n, "fb"),), {"batch_size": batch}
     if kind == "self_loading":
         return (kd.self_loading(lambda rank, k: arrays(n), num_examples=n),), {"batch_size": batch}
     raise ValueError(kind)
@@ -141,7 +153,7 @@ for kind, n, batch in cases:
 print(json.dumps({"results": results}), flush=True)
 '''
 
-KINDS = ["numpy", "batched", "unbatched", "shuffled", "files", "self_loading"]
+KINDS = ["numpy", "batched", "unbatched", "shuffled", "files", "files_parse_batch", "self_loading"]
 # Every kind at (1347, 32); the sizes that stress the final batches with two kinds. 449 x 32
 # over 2 all-reduce workers (shards 225/224 -> 15 and 14 batches of 16) needs padding (issue
 # 14 item 1); 31 x 30 over 3 workers: shards 11/10/10 in batches of 10 -> 2, 1, 1.
