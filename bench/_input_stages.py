@@ -46,10 +46,13 @@ def _timed(ds: Any, batches: int) -> float:
     return time.perf_counter() - t0
 
 
-def _steady(build: Callable[[], Any], warm: int, batches: int) -> float:
+def _steady(build: Callable[[], Any], warm: int, batches: int, repeats: int = 3) -> float:
     """Microseconds per batch after the first ``warm`` batches (start-up, shuffle buffer,
-    cache filling): the time for warm + batches minus the time for warm, fresh iterators."""
-    return max(_timed(build(), warm + batches) - _timed(build(), warm), 0.0) / batches * 1e6
+    cache filling): the time for warm + batches minus the time for warm, fresh iterators,
+    each the minimum of ``repeats`` runs (other load on the machine only adds time)."""
+    full = min(_timed(build(), warm + batches) for _ in range(repeats))
+    start = min(_timed(build(), warm) for _ in range(repeats))
+    return max(full - start, 0.0) / batches * 1e6
 
 
 def stages(x: Any, y: Any, paths: list[str], batch: int, batches: int) -> dict[str, float]:
