@@ -11,7 +11,9 @@ variable over MAX_ARG_STRLEN, the whole under ARG_MAX) and records the time.
 
 Reported per size: the time from the last agent's start to the last child started
 (goal < 5 s at 5,000), agent 0's peak RSS (goal < 500 MiB), and the ratio to the
-smallest size (about linear is the goal). One machine hosts all N agents, so the work
+smallest size (about linear is the goal). Agent 0's CPU time to form the job is reported
+too: the hub is the one serial part on a real cluster, and CPU time (unlike the wall times
+above) does not grow with the N simulated agents competing for this machine's cores. One machine hosts all N agents, so the work
 every node does once for itself (build the plan, its digest, write the plan file) would
 cost N times here: it is computed once per worker process and shared by its threads,
 and reported separately as "per-node local work", measured on one agent at that size.
@@ -108,15 +110,24 @@ def shared_state(nodes: int, workdir: str) -> tuple[JobInfo, Any, Path]:
     return job, plan, contract.write_plan_file(json.dumps(plan.to_json()), workdir)
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process, all threads: unlike wall time, not inflated by the simulation."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_agent0(nodes: int, workdir: str, options: Options, out: Any) -> None:
     os.chdir(workdir)
     job, plan, plan_file = SHARED["state"]
     agent = make_agent(0, nodes, job, plan, plan_file, options)
+    before = cpu_seconds()
     agent.form_job()
     formed = time.time()
+    formation_cpu = cpu_seconds() - before
     print(f"  agent 0: {nodes} agents formed the job", file=sys.stderr, flush=True)
     agent.start(agent.my_processes())
-    out.put(("agent0", [c.started for c in agent.children], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, formed))
+    out.put(("agent0", [c.started for c in agent.children], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, formed,
+             formation_cpu))
     time.sleep(1.0)  # let the start message drain before the stop order
     agent.stop(0)
     time.sleep(1.0)
@@ -195,12 +206,12 @@ def measure(nodes: int) -> dict[str, float]:
             w.start()
         began: list[float] = []
         children: list[float] = []
-        rss = formed = 0.0
+        rss = formed = formation_cpu = 0.0
         for _ in range(1 + len(workers)):
             kind, *payload = out.get(timeout=float(os.environ.get("BENCH_WAIT", "600")))
             if kind == "agent0":
                 children += payload[0]
-                rss, formed = payload[1], payload[2]
+                rss, formed, formation_cpu = payload[1], payload[2], payload[3]
             else:
                 results, errors = payload
                 if errors:
@@ -220,6 +231,8 @@ def measure(nodes: int) -> dict[str, float]:
             "first_agent_to_all_children_s": max(children) - min(began),
             "last_agent_to_job_formed_s": formed - max(began),
             "agent0_peak_rss_mib": rss,
+            # The hub's own work to form the job; the only serial part on a real cluster.
+            "agent0_formation_cpu_s": formation_cpu,
             "per_node_local_work_s": local_work(nodes, workdir),
         }
 
@@ -249,7 +262,8 @@ def main() -> None:
         print(f"  {n:>6} agents: {last['children']:.0f} children, last agent -> job formed "
               f"{statistics.median(r['last_agent_to_job_formed_s'] for r in rows[n]):.2f} s, -> all children "
               f"{statistics.median(r['last_agent_to_all_children_s'] for r in rows[n]):.2f} s, agent 0 peak RSS "
-              f"{max(r['agent0_peak_rss_mib'] for r in rows[n]):.0f} MiB, per-node local work "
+              f"{max(r['agent0_peak_rss_mib'] for r in rows[n]):.0f} MiB, agent 0 CPU to form the job "
+              f"{statistics.median(r['agent0_formation_cpu_s'] for r in rows[n]):.2f} s, per-node local work "
               f"{statistics.median(r['per_node_local_work_s'] for r in rows[n]):.3f} s")
     extra = {"rows": {str(n): rows[n] for n in sizes}}
     if comparisons:
