@@ -285,11 +285,11 @@ class Trainer:
                                          verbose=verbose, show=self.is_chief)
             with preemption_signals(enabled=keeper is not None):
                 history = self._epoch_loop(cbs, train, val, epochs=epochs, initial_epoch=initial_epoch,
-                                        steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
-                                        validation_freq=validation_freq, keeper=keeper,
-                                        resume_steps=target - done_in_epoch if done_in_epoch else None,
-                                        resume_callbacks=(callbacks, restored.callbacks if restored else None),
-                                        report=verbose != 0)
+                                           steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,
+                                           validation_freq=validation_freq, keeper=keeper,
+                                           resume_steps=target - done_in_epoch if done_in_epoch else None,
+                                           resume_callbacks=(callbacks, restored.callbacks if restored else None),
+                                           report=verbose != 0)
             outcome = "stopped early by a callback" if self.model.stop_training else "finished"
             return history
         except Preempted:
