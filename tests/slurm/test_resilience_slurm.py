@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from slurm_cluster import SlurmTestCluster
 
+from cluster_parsers import JobInfo
+from keras_distrib.plan import build_plan, derive_port_base
 from test_launcher_slurm import PS_PER_NODE, TIMEOUT, assert_nothing_left, error_lines, meaningful, pid_of, sbatch_template, wait_for_text
 
 RESILIENCE_SCRIPT = Path(__file__).resolve().parents[1] / "local" / "resilience_script.py"
@@ -33,18 +37,54 @@ def result_of(text: str) -> dict:
     return rows[-1]
 
 
+# A stranger on the cluster network against the first node's control port, from the head
+# node: a port scan, another protocol, random bytes, a forged agent, an oversized line and a
+# sender that never authenticates (held past the 10 s handshake deadline).
+FUZZ_CLIENT = r"""
+import json, random, socket, sys, threading, time
+host, port = sys.argv[1], int(sys.argv[2])
+rng = random.Random(7)
+attacks = [(None, 0.0), (b"GET / HTTP/1.0\r\n\r\n", 0.5), (bytes(rng.randrange(256) for _ in range(3000)) + b"\n", 0.5),
+           (json.dumps({"agent": 1, "node": "n2", "auth": "0" * 64}).encode() + b"\n", 0.5),
+           (b'{"x": "' + b"a" * ((4 << 20) + 10), 1.0), (b'{"agent": 1', 12.0)]
+def attack(payload, hold):
+    with socket.create_connection((host, port), timeout=15) as sock:
+        try:
+            sock.sendall(payload or b"")
+        except OSError:
+            pass
+        time.sleep(hold)
+threads = [threading.Thread(target=attack, args=a) for a in attacks]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(len(attacks))
+"""
+
+
+def control_port_of(job: int) -> int:
+    plan = build_plan(JobInfo("slurm", str(job), ("n1", "n2", "n3"), (1, 1, 1)), "ps-per-node", derive_port_base(str(job)))
+    return plan.control_port()
+
+
 def test_killed_worker_on_another_node_is_restarted(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    """Meanwhile a fuzzing client attacks the control port: one log line per connection, and
+    the job neither stops nor stalls (issue 11)."""
     out, ck = work / "restart.out", work / "restart-ck"
     job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out)],
                           ["--checkpoint-every", "2s", "fit.py", str(ck), "6", "200"], work)
     try:
         assert wait_for_text(out, "Epoch 1/6", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
+        fuzz = slurm_cluster.popen("head", [sys.executable, "-c", FUZZ_CLIENT, "n1", str(control_port_of(job))],
+                                  stdout=subprocess.PIPE, text=True)
         os.kill(pid_of(slurm_cluster, "n2", "worker:1"), signal.SIGKILL)
+        attacks = int(fuzz.communicate(timeout=60)[0].split()[-1])
         result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
     finally:
         slurm_cluster.head(["scancel", str(job)], timeout=30)
     text = out.read_text(errors="replace")
     assert result == "COMPLETED", text[-4000:]
+    strangers = [line for line in text.splitlines() if line.startswith(f"[n1 agent] keras_distrib: control port {control_port_of(job)}: connection from ")]
+    assert len(strangers) == attacks, "\n".join(strangers)
     restart = "[n1 agent] keras_distrib: worker:1 on n2 exited with signal 9 (SIGKILL); restarting it (1/3)"
     assert restart in text
     # The n2 agent started it again (it may end with the job before it serves: training goes on without it).
