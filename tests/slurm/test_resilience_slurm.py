@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import SlurmTestCluster
+from slurm_cluster import JobResult, SlurmTestCluster
 
 from cluster_parsers import JobInfo
 from keras_distrib.plan import build_plan, derive_port_base
@@ -66,6 +66,15 @@ def control_port_of(job: int) -> int:
     return plan.control_port()
 
 
+def wait_through_requeue(cluster: SlurmTestCluster, job: int) -> JobResult:
+    """The job's end state after its requeue: PENDING, then RUNNING again, then done."""
+    deadline = time.monotonic() + 2 * TIMEOUT
+    while True:
+        result = cluster.wait_job(job, timeout=2 * TIMEOUT)
+        if result != "REQUEUED" or time.monotonic() > deadline:
+            return result
+
+
 def test_killed_worker_on_another_node_is_restarted(slurm_cluster: SlurmTestCluster, work: Path) -> None:
     """Meanwhile a fuzzing client attacks the control port: one log line per connection, and
     the job neither stops nor stalls (issue 11)."""
@@ -102,11 +111,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(slurm_cluster: Slur
         assert wait_for_text(out, "Epoch 1/6", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
         slurm_cluster.head(["scancel", "--signal=USR1", "--batch", str(job)], check=True, timeout=30)
         assert wait_for_text(out, "requeued job", 120), out.read_text(errors="replace")[-4000:]
-        deadline = time.monotonic() + 2 * TIMEOUT
-        while time.monotonic() < deadline:  # requeued: PENDING, then RUNNING again, then done
-            result = slurm_cluster.wait_job(job, timeout=2 * TIMEOUT)
-            if result != "REQUEUED":
-                break
+        result = wait_through_requeue(slurm_cluster, job)
     finally:
         slurm_cluster.head(["scancel", str(job)], timeout=30)
     text = out.read_text(errors="replace")
@@ -140,11 +145,7 @@ def test_cut_link_names_the_node_requeues_and_resumes(slurm_cluster: SlurmTestCl
         assert wait_for_text(out, "requeued job", 60), out.read_text(errors="replace")[-4000:]
         slurm_cluster.set_link("n3", up=True)
         cut = False
-        deadline = time.monotonic() + 2 * TIMEOUT
-        while time.monotonic() < deadline:  # requeued: PENDING, then RUNNING again, then done
-            result = slurm_cluster.wait_job(job, timeout=2 * TIMEOUT)
-            if result != "REQUEUED":
-                break
+        result = wait_through_requeue(slurm_cluster, job)
     finally:
         if cut:
             slurm_cluster.set_link("n3", up=True)
