@@ -10,6 +10,7 @@ import ipaddress
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from cluster_parsers import ClusterConfigError, JobInfo
@@ -78,13 +79,18 @@ class Plan:
 
     def control_port(self) -> int:
         """The agents' control port: one past the highest plan port on the first node's host."""
-        first_host = self.processes[0].host
-        port = max(p.port for p in self.processes if p.host == first_host) + 1
+        port = self._highest_first_host_port + 1
         if port > MAX_PORT:
             raise ClusterConfigError(
                 f"the agents' control port {port} is above {MAX_PORT}.", "pass a lower --port-base."
             )
         return port
+
+    @cached_property
+    def _highest_first_host_port(self) -> int:
+        # Cached: a scan of every process, asked several times per agent (the plan is frozen).
+        first_host = self.processes[0].host
+        return max(p.port for p in self.processes if p.host == first_host)
 
     @property
     def every_process_runs_script(self) -> bool:
@@ -94,7 +100,11 @@ class Plan:
     @property
     def script_runners(self) -> list[Process]:
         """The processes that run the user's script (the chief, or every process of a synchronous layout)."""
-        return [p for p in self.processes if p.job == CHIEF or self.every_process_runs_script]
+        return [p for p in self.processes if self.runs_script(p)]
+
+    def runs_script(self, proc: Process) -> bool:
+        """Whether ``proc`` (one of this plan's) runs the user's script: O(1), not a scan."""
+        return proc.job == CHIEF or self.every_process_runs_script
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -129,7 +129,7 @@ class Agent:
     def runs_script(self, proc: Process) -> bool:
         if self.check and self.plan.layout not in JAX_LAYOUTS:
             return proc.job == CHIEF
-        return proc in self.plan.script_runners
+        return self.plan.runs_script(proc)
 
     def argv_for(self, proc: Process) -> list[str]:
         if self.runs_script(proc):

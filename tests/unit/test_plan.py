@@ -209,3 +209,15 @@ def test_plan_json_round_trip() -> None:
 def test_port_base_of_a_job_id_with_unicode_digits(job_id: str) -> None:
     base = derive_port_base(job_id)
     assert base == derive_port_base(job_id)  # stable, no ValueError
+
+
+@pytest.mark.parametrize("layout", ["ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu"])
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_runs_script_and_control_port_agree_with_a_full_scan(layout: str, nodes: int) -> None:
+    """The O(1) answers the agent asks per child match the plain definitions (a scan each)."""
+    plan = build_plan(job(nodes, gpus=("0", "1")), layout, 23000)
+    runners = [p for p in plan.processes if p.job == "chief" or layout in ("allreduce", "jax", "jax-per-gpu")]
+    assert [p for p in plan.processes if plan.runs_script(p)] == runners == plan.script_runners
+    first_host = plan.processes[0].host
+    assert plan.control_port() == max(p.port for p in plan.processes if p.host == first_host) + 1
+    assert plan.control_port() == plan.control_port()  # cached, same answer
