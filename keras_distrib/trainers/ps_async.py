@@ -156,17 +156,21 @@ class ParameterServerTrainer(Trainer):
         model, opt, step, metrics, strategy = self.model, self.optimizer, self.global_step, self.metrics, self.strategy
         variables = model.trainable_variables
         groups = packing.pack_groups(variables)
+        state_variables = model.non_trainable_variables
+        state_groups = packing.pack_groups(state_variables)
 
         def train_step(batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any], Any]:
             x, y, sw = unpack(batch)
             values = packing.read_packed(variables, groups)
+            held = packing.read_packed(state_variables, state_groups)
+            mapping = list(zip(variables, values)) + list(zip(state_variables, held))
             with tf.GradientTape() as tape:
                 tape.watch(values)
-                with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+                with keras.StatelessScope(state_mapping=mapping) as scope:
                     y_pred = model(x, training=True)
                     loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
             grads = tape.gradient(loss, values)
-            packing.write_back(scope, model.non_trainable_variables)
+            packing.add_back(scope, state_variables, held)  # no update lost between workers
             opt.apply_gradients(zip(packing.send_packed(grads, groups), variables))
             finite = all_finite([loss] + list(grads))
             return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw), finite

@@ -197,6 +197,38 @@ def test_packed_steps_keep_regularizers_and_layer_state(strategy: Any, digits: A
     assert not np.array_equal(np.asarray(seed), seed_before)  # a new dropout mask per step
 
 
+def test_no_layer_state_update_is_lost_between_workers(strategy: Any, digits: Any) -> None:
+    """Both workers update the same non-trainable state at once (as BatchNorm's statistics):
+    a float counter that every training step adds 1 to must end at exactly the number of
+    steps. Assigning each step's new value (read-modify-write on the ps) lost about half
+    of them with 2 workers."""
+    import keras
+
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
+
+    class StepCounter(keras.layers.Layer):
+        def build(self, input_shape: Any) -> None:
+            self.seen = self.add_weight(shape=(), initializer="zeros", trainable=False, name="seen")
+
+        def call(self, x: Any, training: bool | None = None) -> Any:
+            if training:
+                self.seen.assign(self.seen + 1.0)
+            return x
+
+    def counting() -> Any:
+        m = keras.Sequential([keras.Input((64,)), StepCounter(), keras.layers.Dense(10)])
+        m.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    model = build(strategy, counting)
+    keras_distrib.fit(model, (x_train, y_train), epochs=2, batch_size=16, verbose=0, strategy=strategy)
+    steps = int(trainer_for(model).global_step.numpy())
+    assert steps >= 2 * (len(x_train) // 16)  # two epochs of both shards
+    assert float(np.asarray(model.layers[0].seen)) == steps
+
+
 def test_long_chunks_run_as_a_graph_loop(strategy: Any, digits: Any) -> None:
     """K above MAX_UNROLLED_STEPS takes the tf.range path; the remainder chunk is unrolled."""
     import keras_distrib
