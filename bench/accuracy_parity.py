@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--ps-stale-reads", action="store_true",
+                   help="also train with keras_distrib.fit(..., ps_stale_reads=True) (parameter server; "
+                        "reported as stale_reads and stale_diff_points)")
     args = p.parse_args(argv)
 
     import keras
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     x_train, x_test, y_train, y_test = load()
     builders = models(keras, int(np.ceil(len(x_train) / args.batch)))
     for name in args.models.split(","):
-        single, dist = [], []
+        single, dist, stale = [], [], []
         for seed in range(args.seeds):
             xtr, xte = inputs_for(name, x_train), inputs_for(name, x_test)
             keras.utils.set_random_seed(seed)
@@ -105,10 +108,18 @@ def main(argv: list[str] | None = None) -> None:
             keras_distrib.fit(model, xtr, y_train, epochs=args.epochs, batch_size=args.batch, verbose=0,
                               seed=seed, strategy=strategy)
             dist.append(float(keras_distrib.evaluate(model, xte, y_test, strategy=strategy)["accuracy"]))
+            if args.ps_stale_reads:
+                keras.utils.set_random_seed(seed)
+                opted = placement.build(builders[name], strategy)
+                keras_distrib.fit(opted, xtr, y_train, epochs=args.epochs, batch_size=args.batch, verbose=0,
+                                  seed=seed, strategy=strategy, ps_stale_reads=True)
+                stale.append(float(keras_distrib.evaluate(opted, xte, y_test, strategy=strategy)["accuracy"]))
         if getattr(trainer_for(model, strategy), "is_chief", True):
             print(json.dumps({"model": name, "layout": keras_distrib.cluster().layout,
                               "workers": keras_distrib.cluster().num_workers, "single": single, "distributed": dist,
                               "diff_points": round(100 * (np.mean(dist) - np.mean(single)), 2),
+                              **({"stale_reads": stale, "stale_diff_points": round(100 * (np.mean(stale) - np.mean(single)), 2)}
+                                 if stale else {}),
                               "load_1min": round(os.getloadavg()[0], 1)}), flush=True)
 
 
