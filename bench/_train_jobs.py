@@ -271,10 +271,10 @@ def side_ps_chunk(ctx: "Context", variant: str) -> Callable[[int], float]:
     """K unrolled steps per scheduled closure, stripped down to one cost at a time.
 
     ``compute``: model and Adam on the worker itself (no ps traffic): forward, backward and
-    update only. ``read``: variables on the ps, read packed once per step (as the trainer
-    does, trainers/packing.py); gradients computed and dropped (summed into the result so
-    they are not pruned). ``read_send``: + the packed gradient sent back and Adam applied on
-    the ps. The full trainer closure (step counter, metrics, exact-epoch bookkeeping) is
+    update only. ``read``: + the variables of a second copy of the model, on the ps, read
+    packed once per step (as the trainer does, trainers/packing.py) and used for the step;
+    Adam still updates the worker's copy (so steps stay sequential, as in ``compute``).
+    ``read_send``: the gradients sent back packed and Adam applied on the ps instead. The full trainer closure (step counter, metrics, exact-epoch bookkeeping) is
     the ``keras_distrib`` side. Closures are scheduled back to back and joined, as the hand
     loop does; the chief's CPU time is recorded per closure.
     """
@@ -285,16 +285,16 @@ def side_ps_chunk(ctx: "Context", variant: str) -> Callable[[int], float]:
 
     strategy, k = ctx.strategy, ctx.k
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    if variant == "compute":
-        with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
-            model = ctx.model_fn(keras)
-            opt = keras.optimizers.Adam(LR)
-            opt.build(model.trainable_variables)
-    else:
-        with strategy.scope():
-            model = ctx.model_fn(keras)
-            opt = keras.optimizers.Adam(LR)
-            opt.build(model.trainable_variables)
+    def model_and_optimizer() -> tuple[Any, Any]:
+        model = ctx.model_fn(keras)
+        opt = keras.optimizers.Adam(LR)
+        opt.build(model.trainable_variables)
+        return model, opt
+
+    with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+        local_model, local_opt = model_and_optimizer()
+    with strategy.scope():
+        model, opt = model_and_optimizer()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     variables = model.trainable_variables
     groups = packing.pack_groups(variables)
@@ -302,9 +302,10 @@ def side_ps_chunk(ctx: "Context", variant: str) -> Callable[[int], float]:
     def replica_step(batch_xy: Any) -> Any:
         xb, yb = batch_xy
         if variant == "compute":
+            local = local_model.trainable_variables
             with tf.GradientTape() as tape:
-                loss = loss_fn(yb, model(xb, training=True))
-            opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+                loss = loss_fn(yb, local_model(xb, training=True))
+            local_opt.apply_gradients(zip(tape.gradient(loss, local), local))
             return loss
         values = packing.read_packed(variables, groups)
         with tf.GradientTape() as tape:
@@ -313,8 +314,9 @@ def side_ps_chunk(ctx: "Context", variant: str) -> Callable[[int], float]:
                 loss = loss_fn(yb, model(xb, training=True))
         grads = tape.gradient(loss, values)
         if variant == "read":
-            return loss + 0.0 * tf.add_n([tf.reduce_sum(g) for g in grads])
-        opt.apply_gradients(zip(packing.send_packed(grads, groups), variables))
+            local_opt.apply_gradients(zip(grads, local_model.trainable_variables))
+        else:
+            opt.apply_gradients(zip(packing.send_packed(grads, groups), variables))
         return loss
 
     @tf.function

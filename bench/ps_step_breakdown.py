@@ -9,9 +9,12 @@ model on the same data (bench/_train_jobs.py):
 * ``single_process``: plain Keras 3 ``model.fit`` in the chief alone (the reference);
 * ``ps_chunk_compute``: K unrolled steps per scheduled closure, model and Adam on the
   worker itself: compute only;
-* ``ps_chunk_read``: variables on the ps, read packed once per step; gradients dropped;
-* ``ps_chunk_read_send``: + the packed gradients sent back and Adam applied on the ps;
-* ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps_async.py).
+* ``ps_chunk_read``: + the variables read packed from the ps once per step (Adam still
+  updates a worker-local copy, so the steps stay sequential);
+* ``ps_chunk_read_send``: the gradients sent back packed and Adam applied on the ps instead;
+* ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps_async.py);
+* ``keras_distrib_stale_reads``: the same with the opt-in ``ps_stale_reads=True`` (one
+  variable read per closure; changes the training semantics, see README).
 
 Rows: each side's steps/s against one process, then the step time split into its
 increments (compute, variable read, gradient send + apply, trainer bookkeeping =
@@ -29,12 +32,13 @@ from _harness import Comparison, print_table, save
 from _train_jobs import each_model, launch_result, model_runs, training_parser
 from ps_throughput import STEPS
 
-SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib"]
+SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib",
+         "keras_distrib_stale_reads"]
 #: (label of the increment, side with it, side without it)
 INCREMENTS = [
     ("compute (worker, local variables)", "ps_chunk_compute", None),
     ("+ packed variable read from the ps", "ps_chunk_read", "ps_chunk_compute"),
-    ("+ packed gradient send and apply on the ps", "ps_chunk_read_send", "ps_chunk_read"),
+    ("+ packed gradient send and apply on the ps (- local apply)", "ps_chunk_read_send", "ps_chunk_read"),
     ("+ trainer bookkeeping (step counter, metrics, epochs, chief)", "keras_distrib", "ps_chunk_read_send"),
 ]
 
