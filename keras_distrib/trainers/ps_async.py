@@ -49,6 +49,16 @@ Design notes (why):
   running logs) when its result reaches the chief; ``model.stop_training`` is checked
   there and stops further scheduling.
 * Validation/evaluate run the same way over the validation shards.
+* Opt-in stale reads (``stale_reads``, ``keras_distrib.fit(..., ps_stale_reads=True)``;
+  changes the semantics, so never the default): bench/ps_step_breakdown.py shows a step
+  waiting for the previous update on the ps (read, compute, send, apply: two process hops
+  per step). With stale reads a closure reads the variables once and computes its K
+  gradients at those values; each step is two conds with the same predicate, a compute
+  cond that touches no variable (so the next step's compute need not wait for this
+  step's update) and an apply cond on the ps. Non-trainable state (BatchNorm statistics,
+  dropout seeds) is read once too, carried from step to step on the worker and written
+  after each update. The K steps are always unrolled. Measured under load (1 worker +
+  1 ps, 3 rounds): 1.6x (MLP) / 1.3x (CNN) the default steps/s.
 """
 
 from __future__ import annotations
