@@ -69,7 +69,7 @@ def main() -> None:
         rates, cpu = result["sides"], result["chief_cpu_ms_per_closure"]
         raw[name] = {"steps_per_sec": rates, "chief_cpu_ms_per_closure": cpu}
         comparisons += [
-            Comparison(f"5. step breakdown {name}: {side}", side, "one process", "steps/s",
+            Comparison(f"13. step breakdown {name}: {side}", side, "one process", "steps/s",
                        rates[side], rates["single_process"], target="(report)")
             for side in SIDES[1:]
         ]
