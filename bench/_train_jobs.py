@@ -141,13 +141,15 @@ def epoch_timer(base: type) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.seconds: list[float] = []
-            self._t0 = 0.0
+            self.cpu_seconds: list[float] = []  # this process's CPU time (the chief's, under PSS)
+            self._t0 = self._cpu0 = 0.0
 
         def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
-            self._t0 = time.perf_counter()
+            self._t0, self._cpu0 = time.perf_counter(), time.process_time()
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
             self.seconds.append(time.perf_counter() - self._t0)
+            self.cpu_seconds.append(time.process_time() - self._cpu0)
 
     return EpochTimer()
 
@@ -167,7 +169,7 @@ def _tf_dataset(x: Any, y: Any, batch: int, shard: tuple[int, int] | None = None
     return ds.shuffle(SHUFFLE_BUFFER, seed=0).repeat().batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
-def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True) -> Callable[[int], float]:
+def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, **fit_options: Any) -> Callable[[int], float]:
     """The Keras 3 trainer (keras_distrib.fit): async PS or all-reduce, by the strategy."""
     import keras
 
@@ -181,7 +183,8 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True) -
         timer = epoch_timer(keras.callbacks.Callback)
         keras_distrib.fit(model, data, epochs=2, steps_per_epoch=steps, batch_size=ctx.batch,
                           steps_per_execution=ctx.k, shuffle=shuffle, verbose=0, callbacks=[timer],
-                          strategy=ctx.strategy)
+                          strategy=ctx.strategy, **fit_options)
+        ctx.record_chief_cpu(timer.cpu_seconds[-1], steps)
         return steps / timer.seconds[-1]
 
     return run
@@ -255,6 +258,84 @@ def side_hand_loop(ctx: "Context", unrolled: bool = False) -> Callable[[int], fl
             coordinator.join()
             seconds.append(time.perf_counter() - t0)
         return max(1, steps // k) * k / seconds[-1]
+
+    return run
+
+
+#: Variants of the parameter-server chunk for the step breakdown (bench/ps_step_breakdown.py),
+#: each adding one cost to the previous: see `side_ps_chunk`.
+CHUNK_VARIANTS = ("compute", "read", "read_send")
+
+
+def side_ps_chunk(ctx: "Context", variant: str) -> Callable[[int], float]:
+    """K unrolled steps per scheduled closure, stripped down to one cost at a time.
+
+    ``compute``: model and Adam on the worker itself (no ps traffic): forward, backward and
+    update only. ``read``: + the variables of a second copy of the model, on the ps, read
+    packed once per step (as the trainer does, trainers/packing.py) and used for the step;
+    Adam still updates the worker's copy (so steps stay sequential, as in ``compute``).
+    ``read_send``: the gradients sent back packed and Adam applied on the ps instead. The full trainer closure (step counter, metrics, exact-epoch bookkeeping) is
+    the ``keras_distrib`` side. Closures are scheduled back to back and joined, as the hand
+    loop does; the chief's CPU time is recorded per closure.
+    """
+    import keras
+    import tensorflow as tf
+
+    from keras_distrib.trainers import packing
+
+    strategy, k = ctx.strategy, ctx.k
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    def model_and_optimizer() -> tuple[Any, Any]:
+        model = ctx.model_fn(keras)
+        opt = keras.optimizers.Adam(LR)
+        opt.build(model.trainable_variables)
+        return model, opt
+
+    with tf.device("/job:worker/replica:0/task:0/device:CPU:0"):
+        local_model, local_opt = model_and_optimizer()
+    with strategy.scope():
+        model, opt = model_and_optimizer()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    variables = model.trainable_variables
+    groups = packing.pack_groups(variables)
+
+    def replica_step(batch_xy: Any) -> Any:
+        xb, yb = batch_xy
+        if variant == "compute":
+            local = local_model.trainable_variables
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, local_model(xb, training=True))
+            local_opt.apply_gradients(zip(tape.gradient(loss, local), local))
+            return loss
+        values = packing.read_packed(variables, groups)
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+            with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+                loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, values)
+        if variant == "read":
+            local_opt.apply_gradients(zip(grads, local_model.trainable_variables))
+        else:
+            opt.apply_gradients(zip(packing.send_packed(grads, groups), variables))
+        return loss
+
+    @tf.function
+    def chunk(iterator: Any) -> Any:
+        loss = tf.constant(0.0)
+        for _ in range(k):
+            loss = strategy.run(replica_step, args=(next(iterator),))
+        return loss
+
+    def run(steps: int) -> float:
+        iterator = iter(coordinator.create_per_worker_dataset(lambda: _tf_dataset(ctx.x, ctx.y, ctx.batch)))
+        closures = max(1, steps // k)
+        for timed in (False, True):
+            t0, cpu0 = time.perf_counter(), time.process_time()
+            for _ in range(closures):
+                coordinator.schedule(chunk, args=(iterator,))
+            coordinator.join()
+        ctx.record_chief_cpu(time.process_time() - cpu0, closures * k)
+        return closures * k / (time.perf_counter() - t0)
 
     return run
 
@@ -389,6 +470,8 @@ SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
     "hand_loop": side_hand_loop,
     "hand_loop_unrolled": lambda ctx: side_hand_loop(ctx, unrolled=True),
     "single_process": side_single_process,
+    "keras_distrib_stale_reads": lambda ctx: side_keras_distrib(ctx, ps_stale_reads=True),
+    **{f"ps_chunk_{variant}": functools.partial(side_ps_chunk, variant=variant) for variant in CHUNK_VARIANTS},
     "pipeline_arrays": lambda ctx: side_stall(ctx, "arrays"),
     **{f"pipeline_{recipe}": functools.partial(side_stall, kind=recipe) for recipe in FILE_RECIPES},
     "cached_batch": lambda ctx: side_stall(ctx, "cached"),
@@ -411,6 +494,12 @@ class Context:
 
         keras.utils.set_random_seed(0)
         self.x, self.y = synthetic(self.model_fn, args.examples)
+        #: Chief CPU milliseconds per K steps (one closure) of each side's timed epochs.
+        self.chief_cpu: dict[str, list[float]] = {}
+        self.side = ""
+
+    def record_chief_cpu(self, cpu_seconds: float, steps: int) -> None:
+        self.chief_cpu.setdefault(self.side, []).append(1000 * cpu_seconds * self.k / steps)
 
 
 def job_main(argv: list[str] | None = None) -> None:
@@ -436,12 +525,14 @@ def job_main(argv: list[str] | None = None) -> None:
         if i % 2:
             order.reverse()
         for name in order:
+            ctx.side = name
             rates[name].append(runs[name](args.steps))
         print(f"  round {i + 1}/{args.rounds}: " + ", ".join(f"{n} {rates[n][-1]:.1f}" for n in names) + " steps/s",
               file=sys.stderr, flush=True)
     if ctx.info.is_chief:
         Path(args.result).write_text(json.dumps({"sides": rates, "steps": args.steps, "batch": args.batch,
-                                                 "k": args.k, "model": args.model}))
+                                                 "k": args.k, "model": args.model,
+                                                 "chief_cpu_ms_per_closure": ctx.chief_cpu}))
     # TensorFlow's teardown with live remote contexts can take seconds; results are written.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -461,9 +552,14 @@ CLUSTERS = {
 }
 
 
-def launch(cluster: str, sides: list[str], *, model: str, rounds: int, steps: int, batch: int = 64,
-           k: int = 10, examples: int = 4096, workdir: Path, timeout: float = 900) -> dict[str, list[float]]:
+def launch(cluster: str, sides: list[str], **options: Any) -> dict[str, list[float]]:
     """One launcher run of this script on ``cluster``; {side: [steps/s per round]}."""
+    return launch_result(cluster, sides, **options)["sides"]
+
+
+def launch_result(cluster: str, sides: list[str], *, model: str, rounds: int, steps: int, batch: int = 64,
+                  k: int = 10, examples: int = 4096, workdir: Path, timeout: float = 900) -> dict[str, Any]:
+    """`launch`, returning the job's whole result (also ``chief_cpu_ms_per_closure``)."""
     mode = "allreduce" if cluster == "2w" else "ps"
     result = workdir / f"result-{time.monotonic_ns()}.json"
     cmd = [sys.executable, "-m", "keras_distrib.local", *CLUSTERS[cluster], "--port-base", str(free_port_base(8)),
@@ -482,7 +578,7 @@ def launch(cluster: str, sides: list[str], *, model: str, rounds: int, steps: in
     for line in proc.stdout.splitlines():
         if "  round " in line:  # the chief's per-round rates (prefixed by the launcher)
             print("  " + line.strip(), file=sys.stderr)
-    return json.loads(result.read_text())["sides"]
+    return json.loads(result.read_text())
 
 
 if __name__ == "__main__":
@@ -528,13 +624,15 @@ def model_runs(args: Any, steps_table: dict[str, int], default_steps: int) -> tu
     return rounds, runs
 
 
-def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]]) -> Iterator[tuple[str, Callable[..., dict[str, list[float]]]]]:
+def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]],
+               launcher: Callable[..., Any] = launch) -> Iterator[tuple[str, Callable[..., Any]]]:
     """Per model of `model_runs`: (display name, run(cluster, sides)) with the shared flags bound.
 
     All launches share one scratch directory; "NAME: done" is printed after each model.
+    ``launcher``: `launch` ({side: rates}) or `launch_result` (the whole result).
     """
     with tempfile.TemporaryDirectory() as tmp:
         for model, name, steps, examples in runs:
-            yield name, functools.partial(launch, model=model, rounds=rounds, steps=steps, batch=args.batch,
+            yield name, functools.partial(launcher, model=model, rounds=rounds, steps=steps, batch=args.batch,
                                           k=args.k, examples=examples, workdir=Path(tmp))
             print(f"  {name}: done", file=sys.stderr, flush=True)

@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps-per-execution", type=int, default=None, help="K of the trainer (default: its own)")
     p.add_argument("--recalibrate", action="store_true",
                    help="also report the accuracy after BatchNorm statistics are recomputed (a diagnostic)")
+    p.add_argument("--ps-stale-reads", action="store_true",
+                   help="also train with keras_distrib.fit(..., ps_stale_reads=True) (parameter server; "
+                        "reported as stale_reads and stale_diff_points)")
     args = p.parse_args(argv)
 
     import keras
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     x_train, x_test, y_train, y_test = load()
     builders = models(keras, int(np.ceil(len(x_train) / args.batch)))
     for name in args.models.split(","):
-        single, dist, recalibrated = [], [], []
+        single, dist, recalibrated, stale = [], [], [], []
         for seed in range(args.seeds):
             xtr, xte = inputs_for(name, x_train), inputs_for(name, x_test)
             keras.utils.set_random_seed(seed)
@@ -132,12 +135,20 @@ def main(argv: list[str] | None = None) -> None:
             dist.append(float(keras_distrib.evaluate(model, xte, y_test, strategy=strategy)["accuracy"]))
             if args.recalibrate:
                 recalibrated.append(recalibrated_accuracy(keras, builders[name], model, xtr, xte, y_test, args.batch))
+            if args.ps_stale_reads:
+                keras.utils.set_random_seed(seed)
+                opted = placement.build(builders[name], strategy)
+                keras_distrib.fit(opted, xtr, y_train, epochs=args.epochs, batch_size=args.batch, verbose=0,
+                                  seed=seed, strategy=strategy, ps_stale_reads=True)
+                stale.append(float(keras_distrib.evaluate(opted, xte, y_test, strategy=strategy)["accuracy"]))
         if getattr(trainer_for(model, strategy), "is_chief", True):
             print(json.dumps({"model": name, "layout": keras_distrib.cluster().layout,
                               "workers": keras_distrib.cluster().num_workers, "single": single, "distributed": dist,
                               "diff_points": round(100 * (np.mean(dist) - np.mean(single)), 2),
                               **({"recalibrated": recalibrated} if args.recalibrate else {}),
                               "steps_per_execution": trainer_for(model, strategy).steps_per_execution,
+                              **({"stale_reads": stale, "stale_diff_points": round(100 * (np.mean(stale) - np.mean(single)), 2)}
+                                 if stale else {}),
                               "load_1min": round(os.getloadavg()[0], 1)}), flush=True)
 
 

@@ -41,8 +41,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | None = None) -> Any:
-    """The trainer of ``model`` under ``strategy`` (one per model and strategy)."""
+def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | None = None,
+                ps_stale_reads: bool | None = None) -> Any:
+    """The trainer of ``model`` under ``strategy`` (one per model and strategy).
+
+    ``ps_stale_reads``: parameter-server trainer option (see `ParameterServerTrainer`);
+    None keeps the trainer's current setting (default False).
+    """
     from ._common import resolve_strategy, strategy_kind
 
     cached = _TRAINERS.get(model)
@@ -51,16 +56,28 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
     if strategy is None:
         strategy = _model_strategy(model)
     strategy = resolve_strategy(strategy)
+    kind = strategy_kind(strategy)
+    if ps_stale_reads and kind != "ps":
+        raise TrainerError(f"ps_stale_reads=True needs a parameter-server layout, this job's strategy is "
+                           f"{type(strategy).__name__} ({kind}). HINT: drop ps_stale_reads, or run with "
+                           "--layout ps-per-node / worker-per-gpu.")
     if cached is not None and cached.strategy is strategy:
         if steps_per_execution is not None and steps_per_execution != cached.steps_per_execution:
             cached.steps_per_execution = int(steps_per_execution)
             cached.reset_functions()
+        if ps_stale_reads is not None and bool(ps_stale_reads) != getattr(cached, "stale_reads", False):
+            cached.stale_reads = bool(ps_stale_reads)
+            cached.reset_functions()
         return cached
-    if strategy_kind(strategy) == "ps":
-        from .ps_async import ParameterServerTrainer as cls
+    if kind == "ps":
+        from .ps_async import ParameterServerTrainer
+
+        trainer: Any = ParameterServerTrainer(model, strategy, steps_per_execution=steps_per_execution,
+                                              stale_reads=bool(ps_stale_reads))
     else:
-        from .allreduce import AllReduceTrainer as cls
-    trainer = cls(model, strategy, steps_per_execution=steps_per_execution)
+        from .allreduce import AllReduceTrainer
+
+        trainer = AllReduceTrainer(model, strategy, steps_per_execution=steps_per_execution)
     _TRAINERS[model] = trainer
     return trainer
 
@@ -101,13 +118,15 @@ def _keras_fit(model: Any, *args: Any, seed: Any = None, checkpoint_dir: str | N
     return model.fit(*args, **kwargs)
 
 
-def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int | None = None, **kwargs: Any) -> Any:
+def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int | None = None,
+        ps_stale_reads: bool | None = None, **kwargs: Any) -> Any:
     """Train a compiled Keras 3 model on the active keras_distrib layout, like ``model.fit``.
 
     Takes ``model.fit``'s arguments (see `keras_distrib.trainers.base.Trainer.fit` and the
     README table), plus ``strategy`` (default: the active one), ``steps_per_execution``
     (steps per scheduled function, default 10), ``seed`` (shuffling) and
-    ``checkpoint_dir`` (resume from / save to every epoch). ``x`` may be arrays (dict
+    ``checkpoint_dir`` (resume from / save to every epoch), ``ps_stale_reads`` (opt-in,
+    parameter server only: one variable read per closure, see README). ``x`` may be arrays (dict
     inputs too), ``(x, y[, sample_weight])``, a ``tf.data.Dataset`` or a
     `keras_distrib.data` source; it is sharded disjointly over the workers.
     ``batch_size``: examples per optimizer update (parameter server: each worker step;
@@ -117,7 +136,8 @@ def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int |
         print("keras_distrib: not inside a keras_distrib job: training with Keras model.fit in this process",
               flush=True)
         return _keras_fit(model, *args, **kwargs)
-    return trainer_for(model, strategy, steps_per_execution=steps_per_execution).fit(*args, **kwargs)
+    trainer = trainer_for(model, strategy, steps_per_execution=steps_per_execution, ps_stale_reads=ps_stale_reads)
+    return trainer.fit(*args, **kwargs)
 
 
 def evaluate(model: Any, *args: Any, strategy: Any = None, **kwargs: Any) -> dict[str, float]:

@@ -49,6 +49,16 @@ Design notes (why):
   running logs) when its result reaches the chief; ``model.stop_training`` is checked
   there and stops further scheduling.
 * Validation/evaluate run the same way over the validation shards.
+* Opt-in stale reads (``stale_reads``, ``keras_distrib.fit(..., ps_stale_reads=True)``;
+  changes the semantics, so never the default): bench/ps_step_breakdown.py shows a step
+  waiting for the previous update on the ps (read, compute, send, apply: two process hops
+  per step). With stale reads a closure reads the variables once and computes its K
+  gradients at those values; each step is two conds with the same predicate, a compute
+  cond that touches no variable (so the next step's compute need not wait for this
+  step's update) and an apply cond on the ps. Non-trainable state (BatchNorm statistics,
+  dropout seeds) is read once too, carried from step to step on the worker and written
+  after each update. The K steps are always unrolled. Measured under load (1 worker +
+  1 ps, 3 rounds): 1.6x (MLP) / 1.3x (CNN) the default steps/s.
 """
 
 from __future__ import annotations
@@ -120,10 +130,14 @@ class ParameterServerTrainer(Trainer):
 
     default_steps_per_execution = DEFAULT_STEPS_PER_EXECUTION
 
-    def __init__(self, model: Any, strategy: Any = None, *, steps_per_execution: int | None = None) -> None:
+    def __init__(self, model: Any, strategy: Any = None, *, steps_per_execution: int | None = None,
+                 stale_reads: bool = False) -> None:
         import tensorflow as tf
 
         super().__init__(model, resolve_strategy(strategy, allow=("ps",)), steps_per_execution=steps_per_execution)
+        #: Opt-in (changes the training semantics): each closure reads the variables once and
+        #: computes all its K gradients at those values (see the module docstring).
+        self.stale_reads = bool(stale_reads)
         refuse_keras_loops(model)  # a model built under strategy.scope() gets the clear error too
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self.num_workers = len(private.coordinator_workers(self.coordinator))
@@ -183,6 +197,47 @@ class ParameterServerTrainer(Trainer):
 
         replica_step = train_step if training else test_step
 
+        def stale_grads(batch: Any, state: list[Any], values: list[Any], held: list[Any]) -> tuple[Any, ...]:
+            # Gradients at the closure's snapshot `values`; non-trainable state (BatchNorm
+            # statistics, seeds) is carried locally from step to step and written back.
+            x, y, sw = unpack(batch)
+            mapping = list(zip(variables, values)) + list(zip(state_variables, held))
+            with tf.GradientTape() as tape:
+                tape.watch(values)
+                with keras.StatelessScope(state_mapping=mapping) as scope:
+                    y_pred = model(x, training=True)
+                    loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
+            grads = tape.gradient(loss, values)
+            grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, values)]
+            new_held = [scope.get_current_value(v) if scope.get_current_value(v) is not None else h
+                        for v, h in zip(state_variables, held)]
+            finite = all_finite([loss] + grads)
+            return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw), finite, grads, new_held
+
+        def apply_stale(grads: list[Any], before: list[Any], after: list[Any]) -> Any:
+            opt.apply_gradients(zip(packing.send_packed(grads, groups), variables))
+            packing.add_changes(state_variables, before, after)  # no update lost between workers
+            return tf.constant(True)
+
+        def one_stale_step(iterator: Any, carry: tuple[dict[str, Any], Any, list[Any]], values: list[Any]) -> Any:
+            # Two conds on purpose: the first (compute, on the worker) touches no variable,
+            # so the next step's compute does not wait for this step's update on the ps.
+            totals, exhausted, held = carry
+            optional = iterator.get_next_as_optional()
+            has_value = optional.has_value()
+
+            def run() -> tuple[Any, ...]:
+                loss, n, state, finite, grads, new_held = strategy.run(
+                    stale_grads, args=(optional.get_value(), totals["state"], values, held))
+                return step_totals(totals, loss, n, state, finite), exhausted, grads, new_held
+
+            def skip() -> tuple[Any, ...]:
+                return totals, tf.constant(True), [tf.zeros_like(v) for v in values], held
+
+            totals, exhausted, grads, new_held = tf.cond(has_value, run, skip)
+            tf.cond(has_value, lambda: strategy.run(apply_stale, args=(grads, held, new_held)), lambda: tf.constant(False))
+            return totals, exhausted, new_held
+
         def one_step(iterator: Any, carry: tuple[dict[str, Any], Any]) -> tuple[dict[str, Any], Any]:
             totals, exhausted = carry
             optional = iterator.get_next_as_optional()
@@ -204,7 +259,13 @@ class ParameterServerTrainer(Trainer):
                 opt.iterations.assign(tf.cast(step.read_value(), opt.iterations.dtype))
             carry = (zeros_totals(metrics), tf.constant(False))
             unroll = num_steps <= MAX_UNROLLED_STEPS and num_steps * len(variables) <= MAX_UNROLLED_VARIABLE_STEPS
-            if unroll:  # unrolled: see the module docstring
+            if training and self.stale_reads:  # opt-in: one read per closure (module docstring)
+                values = packing.read_packed(variables, groups)
+                stale = (*carry, packing.read_packed(state_variables, state_groups))
+                for _ in range(num_steps):
+                    stale = one_stale_step(iterator, stale, values)
+                carry = stale[:2]
+            elif unroll:  # unrolled: see the module docstring
                 for _ in range(num_steps):
                     carry = one_step(iterator, carry)
             else:

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.environ["REPO"], "examples"))
 import keras, tensorflow as tf
 import keras_distrib
 from digits_distrib import load, make_model
-from keras_distrib.trainers import placement, trainer_for
+from keras_distrib.trainers import TrainerError, placement, trainer_for
 
 mode, out = sys.argv[1], sys.argv[2]
 strategy = keras_distrib.strategy()
@@ -71,6 +71,10 @@ elif mode == "uneven":
     result.update(step=int(trainer_for(model, strategy).global_step.numpy()), eval=logs,
                   local_accuracy=float(np.mean(p.argmax(-1) == y)),
                   local_loss=float(np.mean(-np.log(np.clip(p[np.arange(len(y)), y], 1e-7, 1)))))
+    try:  # the parameter-server-only option is refused with a hint
+        keras_distrib.fit(model, (x, y), epochs=1, verbose=0, strategy=strategy, ps_stale_reads=True)
+    except TrainerError as exc:
+        result["stale_reads_error"] = str(exc)
     # The predict grid (tests/local/predict_grid.py) in this same job: every worker gets all rows.
     sys.path.insert(0, os.path.join(os.environ["REPO"], "tests", "local"))
     import predict_grid
@@ -141,6 +145,8 @@ def test_uneven_data_three_workers_no_hang_nothing_dropped(uneven_results: list[
         # Every example evaluated exactly once: distributed metrics equal a local full pass.
         assert r["eval"]["accuracy"] == pytest.approx(r["local_accuracy"], abs=1e-6)
         assert r["eval"]["loss"] == pytest.approx(r["local_loss"], rel=1e-4)
+        assert "ps_stale_reads=True needs a parameter-server layout" in r["stale_reads_error"]
+        assert "HINT: drop ps_stale_reads" in r["stale_reads_error"]
 
 
 def test_predict_grid_every_worker_gets_all_rows_in_order(uneven_results: list[dict[str, Any]]) -> None:

@@ -1,0 +1,84 @@
+"""Where a parameter-server step goes: issue 15 §2's breakdown of the distribution cost.
+
+    python bench/ps_step_breakdown.py [--smoke] [--rounds 3] [--models mlp,cnn] [--batch 64] [--k 10]
+
+Runs in the cluster of ps_throughput.py's row 4 (chief + 1 ps + 1 worker, ps-per-node,
+one node) and alternates, round by round inside one job, five sides training the same
+model on the same data (bench/_train_jobs.py):
+
+* ``single_process``: plain Keras 3 ``model.fit`` in the chief alone (the reference);
+* ``ps_chunk_compute``: K unrolled steps per scheduled closure, model and Adam on the
+  worker itself: compute only;
+* ``ps_chunk_read``: + the variables read packed from the ps once per step (Adam still
+  updates a worker-local copy, so the steps stay sequential);
+* ``ps_chunk_read_send``: the gradients sent back packed and Adam applied on the ps instead;
+* ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps_async.py);
+* ``keras_distrib_stale_reads``: the same with the opt-in ``ps_stale_reads=True`` (one
+  variable read per closure; changes the training semantics, see README).
+
+Rows: each side's steps/s against one process, then the step time split into its
+increments (compute, variable read, gradient send + apply, trainer bookkeeping =
+closure scheduling and the exact-step/metrics/epoch work), in ms per step from the
+per-round medians, and the chief's CPU time per closure (time.process_time in the chief
+over the timed epoch; single_process's is the whole training's).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+from _harness import Comparison, print_table, save
+from _train_jobs import each_model, launch_result, model_runs, training_parser
+from ps_throughput import STEPS
+
+SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib",
+         "keras_distrib_stale_reads"]
+#: (label of the increment, side with it, side without it)
+INCREMENTS = [
+    ("compute (worker, local variables)", "ps_chunk_compute", None),
+    ("+ packed variable read from the ps", "ps_chunk_read", "ps_chunk_compute"),
+    ("+ packed gradient send and apply on the ps (- local apply)", "ps_chunk_read_send", "ps_chunk_read"),
+    ("+ trainer bookkeeping (step counter, metrics, epochs, chief)", "keras_distrib", "ps_chunk_read_send"),
+]
+
+
+def breakdown(rates: dict[str, list[float]], cpu: dict[str, list[float]], k: int) -> list[str]:
+    """Readable lines: ms per step by increment, closures/s and chief CPU per closure."""
+    ms = {side: 1000 / statistics.median(r) for side, r in rates.items()}
+    lines = [f"    one process (plain fit): {ms['single_process']:.2f} ms/step"]
+    for label, side, base in INCREMENTS:
+        delta = ms[side] - (ms[base] if base else 0.0)
+        lines.append(f"    {label}: {delta:+.2f} ms/step (total {ms[side]:.2f})")
+    for side in SIDES[1:]:
+        closures = statistics.median(rates[side]) / k
+        chief = statistics.median(cpu.get(side, [float("nan")]))
+        lines.append(f"    {side}: {closures:.1f} closures/s, chief CPU {chief:.2f} ms per closure "
+                     f"({chief * closures / 10:.0f}% of a core)")
+    return lines
+
+
+def main() -> None:
+    args = training_parser(__doc__).parse_args()
+    rounds, runs = model_runs(args, STEPS, 240)
+    comparisons: list[Comparison] = []
+    raw: dict[str, dict] = {}
+    text: list[str] = []
+    for name, run in each_model(args, rounds, runs, launcher=launch_result):
+        result = run("1ps1w", SIDES)
+        rates, cpu = result["sides"], result["chief_cpu_ms_per_closure"]
+        raw[name] = {"steps_per_sec": rates, "chief_cpu_ms_per_closure": cpu}
+        comparisons += [
+            Comparison(f"13. step breakdown {name}: {side}", side, "one process", "steps/s",
+                       rates[side], rates["single_process"], target="(report)")
+            for side in SIDES[1:]
+        ]
+        text += [f"  {name} (median of {rounds} rounds):", *breakdown(rates, cpu, args.k)]
+    print_table(f"Parameter-server step breakdown (batch {args.batch}, K={args.k}, {rounds} rounds, "
+                "chief + 1 ps + 1 worker vs one process)", comparisons)
+    print("\n".join(text))
+    save("ps_step_breakdown", comparisons, {"batch": args.batch, "k": args.k, "breakdown": text, **raw}, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
