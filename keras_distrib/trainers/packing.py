@@ -7,7 +7,7 @@ its own rendezvous RPC. Packing one ps's variables of one dtype into a single fl
 2 x (variables) transfers per step into 2 x (ps x dtypes), plus two per large variable
 (`MAX_PACKED_ELEMENTS`). The forward pass then runs
 on the unpacked values through a `keras.StatelessScope`, and non-trainable state the
-model updated (BatchNorm statistics, dropout seeds) is written back afterwards.
+model updated (BatchNorm statistics, dropout seeds) is added back afterwards (`add_back`).
 """
 
 from __future__ import annotations
