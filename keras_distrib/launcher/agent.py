@@ -247,19 +247,22 @@ class Agent:
             say(self.spec.node, f"error: {exc}. HINT: start one agent per node "
                 "(srun --ntasks-per-node=1), check that node names resolve and the ports are open.")
             return 1
+        # Caught before the children start: a signal that comes while they start (say the
+        # script's first line is already out) is queued and forwarded, not lost or fatal.
+        previous = {s: signal.signal(s, lambda signum, _f: self.events.put(("signal", signum))) for s in FORWARDED_SIGNALS}
         self.start(self.my_processes())
         if self.spec.agent_id == 0 and not self.check:  # the check reports unreachable tasks itself
             # The script starts at once, in parallel with the servers: TensorFlow's chief
             # waits for its peers, and importing TensorFlow in parallel saves seconds.
             # The watchdog turns a peer that never comes up into one clear line.
             threading.Thread(target=self.watch_startup, daemon=True).start()
-        return self.loop()
+        return self.loop(previous)
 
     def runs_any_script(self) -> bool:
         return any(c.runs_script for c in self.children)
 
-    def loop(self) -> int:
-        previous = {s: signal.signal(s, lambda signum, _f: self.events.put(("signal", signum))) for s in FORWARDED_SIGNALS}
+    def loop(self, previous: dict[int, Any]) -> int:
+        """Handle events until the job ends; then restore the ``previous`` signal handlers."""
         try:
             while True:
                 event = self.events.get()
@@ -383,7 +386,10 @@ class Agent:
         if signum == signal.SIGUSR2:  # SGE's -notify warning before a kill: a time-limit warning
             signum = signal.SIGUSR1
         for child in self.children:
-            child.signal(signum)
+            # A server gets SIGTERM for a SIGINT: it keeps serving through its grace (the
+            # script may checkpoint on KeyboardInterrupt, with variables on the ps), and a
+            # server still starting exits quietly instead of dying in a traceback.
+            child.signal(signal.SIGTERM if signum == signal.SIGINT and not child.runs_script else signum)
         if signum == signal.SIGUSR1:
             return None
         self.interrupted = signum
