@@ -471,6 +471,7 @@ SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
     "hand_loop_unrolled": lambda ctx: side_hand_loop(ctx, unrolled=True),
     "single_process": side_single_process,
     "keras_distrib_stale_reads": lambda ctx: side_keras_distrib(ctx, ps_stale_reads=True),
+    "keras_distrib_local_steps": lambda ctx: side_keras_distrib(ctx, ps_local_steps=True),
     **{f"ps_chunk_{variant}": functools.partial(side_ps_chunk, variant=variant) for variant in CHUNK_VARIANTS},
     "pipeline_arrays": lambda ctx: side_stall(ctx, "arrays"),
     **{f"pipeline_{recipe}": functools.partial(side_stall, kind=recipe) for recipe in FILE_RECIPES},

@@ -110,6 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ps-stale-reads", action="store_true",
                    help="also train with keras_distrib.fit(..., ps_stale_reads=True) (parameter server; "
                         "reported as stale_reads and stale_diff_points)")
+    p.add_argument("--ps-local-steps", action="store_true",
+                   help="also train with keras_distrib.fit(..., ps_local_steps=True) (parameter server; "
+                        "reported as local_steps and local_diff_points)")
     args = p.parse_args(argv)
 
     import keras
@@ -121,7 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     x_train, x_test, y_train, y_test = load()
     builders = models(keras, int(np.ceil(len(x_train) / args.batch)))
     for name in args.models.split(","):
-        single, dist, recalibrated, stale = [], [], [], []
+        single, dist, recalibrated = [], [], []
+        opted_runs: dict[str, list[float]] = {"stale_reads": [], "local_steps": []}
         for seed in range(args.seeds):
             xtr, xte = inputs_for(name, x_train), inputs_for(name, x_test)
             keras.utils.set_random_seed(seed)
@@ -135,20 +139,24 @@ def main(argv: list[str] | None = None) -> None:
             dist.append(float(keras_distrib.evaluate(model, xte, y_test, strategy=strategy)["accuracy"]))
             if args.recalibrate:
                 recalibrated.append(recalibrated_accuracy(keras, builders[name], model, xtr, xte, y_test, args.batch))
-            if args.ps_stale_reads:
+            for mode, wanted in (("stale_reads", args.ps_stale_reads), ("local_steps", args.ps_local_steps)):
+                if not wanted:
+                    continue
                 keras.utils.set_random_seed(seed)
                 opted = placement.build(builders[name], strategy)
                 keras_distrib.fit(opted, xtr, y_train, epochs=args.epochs, batch_size=args.batch, verbose=0,
-                                  seed=seed, strategy=strategy, ps_stale_reads=True)
-                stale.append(float(keras_distrib.evaluate(opted, xte, y_test, strategy=strategy)["accuracy"]))
+                                  seed=seed, strategy=strategy, steps_per_execution=args.steps_per_execution,
+                                  **{f"ps_{mode}": True})
+                opted_runs[mode].append(float(keras_distrib.evaluate(opted, xte, y_test, strategy=strategy)["accuracy"]))
         if getattr(trainer_for(model, strategy), "is_chief", True):
             print(json.dumps({"model": name, "layout": keras_distrib.cluster().layout,
                               "workers": keras_distrib.cluster().num_workers, "single": single, "distributed": dist,
                               "diff_points": round(100 * (np.mean(dist) - np.mean(single)), 2),
                               **({"recalibrated": recalibrated} if args.recalibrate else {}),
                               "steps_per_execution": trainer_for(model, strategy).steps_per_execution,
-                              **({"stale_reads": stale, "stale_diff_points": round(100 * (np.mean(stale) - np.mean(single)), 2)}
-                                 if stale else {}),
+                              **{key: value for mode, runs in opted_runs.items() if runs
+                                 for key, value in ((mode, runs), (f"{mode.split('_')[0]}_diff_points",
+                                                                   round(100 * (np.mean(runs) - np.mean(single)), 2)))},
                               "load_1min": round(os.getloadavg()[0], 1)}), flush=True)
 
 

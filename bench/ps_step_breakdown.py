@@ -14,7 +14,10 @@ model on the same data (bench/_train_jobs.py):
 * ``ps_chunk_read_send``: the gradients sent back packed and Adam applied on the ps instead;
 * ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps_async.py);
 * ``keras_distrib_stale_reads``: the same with the opt-in ``ps_stale_reads=True`` (one
-  variable read per closure; changes the training semantics, see README).
+  variable read per closure; changes the training semantics, see README);
+* ``keras_distrib_local_steps``: the same with the opt-in ``ps_local_steps=True`` (K local
+  steps per closure, one read and one packed update of weights and optimizer state;
+  exactly sequential training with this one worker, see README).
 
 Rows: each side's steps/s against one process, then the step time split into its
 increments (compute, variable read, gradient send + apply, trainer bookkeeping =
@@ -33,7 +36,7 @@ from _train_jobs import each_model, launch_result, model_runs, training_parser
 from ps_throughput import STEPS
 
 SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib",
-         "keras_distrib_stale_reads"]
+         "keras_distrib_stale_reads", "keras_distrib_local_steps"]
 #: (label of the increment, side with it, side without it)
 INCREMENTS = [
     ("compute (worker, local variables)", "ps_chunk_compute", None),

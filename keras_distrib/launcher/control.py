@@ -234,8 +234,10 @@ class ControlServer:
             conn = _Connection(sock, f"{address[0]}:{address[1]}", secrets.token_hex(16), time.monotonic() + HANDSHAKE_TIMEOUT)
             try:
                 sock.sendall(encode({"nonce": conn.nonce}))
-            except OSError:
+            except OSError:  # a port scan: gone before the greeting (one line, as for the others)
                 sock.close()
+                self.log(f"control port {self.port}: connection from {conn.peer} closed the connection "
+                         "before authenticating; closed it")
                 continue
             self._selector.register(sock, selectors.EVENT_READ, conn)
 

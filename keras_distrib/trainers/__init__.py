@@ -42,11 +42,11 @@ def __getattr__(name: str) -> Any:
 
 
 def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | None = None,
-                ps_stale_reads: bool | None = None) -> Any:
+                ps_stale_reads: bool | None = None, ps_local_steps: bool | None = None) -> Any:
     """The trainer of ``model`` under ``strategy`` (one per model and strategy).
 
-    ``ps_stale_reads``: parameter-server trainer option (see `ParameterServerTrainer`);
-    None keeps the trainer's current setting (default False).
+    ``ps_stale_reads``, ``ps_local_steps``: parameter-server trainer options (see
+    `ParameterServerTrainer`); None keeps the trainer's current setting (default False).
     """
     from ._common import resolve_strategy, strategy_kind
 
@@ -57,23 +57,26 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
         strategy = _model_strategy(model)
     strategy = resolve_strategy(strategy)
     kind = strategy_kind(strategy)
-    if ps_stale_reads and kind != "ps":
-        raise TrainerError(f"ps_stale_reads=True needs a parameter-server layout, this job's strategy is "
-                           f"{type(strategy).__name__} ({kind}). HINT: drop ps_stale_reads, or run with "
-                           "--layout ps-per-node / worker-per-gpu.")
+    for option, on in (("ps_stale_reads", ps_stale_reads), ("ps_local_steps", ps_local_steps)):
+        if on and kind != "ps":
+            raise TrainerError(f"{option}=True needs a parameter-server layout, this job's strategy is "
+                               f"{type(strategy).__name__} ({kind}). HINT: drop {option}, or run with "
+                               "--layout ps-per-node / worker-per-gpu.")
     if cached is not None and cached.strategy is strategy:
         if steps_per_execution is not None and steps_per_execution != cached.steps_per_execution:
             cached.steps_per_execution = int(steps_per_execution)
             cached.reset_functions()
-        if ps_stale_reads is not None and bool(ps_stale_reads) != getattr(cached, "stale_reads", False):
-            cached.stale_reads = bool(ps_stale_reads)
-            cached.reset_functions()
+        if kind == "ps":  # turn one mode off before the other goes on
+            for attr, on in sorted((("stale_reads", ps_stale_reads), ("local_steps", ps_local_steps)),
+                                   key=lambda item: bool(item[1])):
+                if on is not None:
+                    setattr(cached, attr, bool(on))
         return cached
     if kind == "ps":
         from .ps_async import ParameterServerTrainer
 
         trainer: Any = ParameterServerTrainer(model, strategy, steps_per_execution=steps_per_execution,
-                                              stale_reads=bool(ps_stale_reads))
+                                              stale_reads=bool(ps_stale_reads), local_steps=bool(ps_local_steps))
     else:
         from .allreduce import AllReduceTrainer
 
@@ -119,14 +122,15 @@ def _keras_fit(model: Any, *args: Any, seed: Any = None, checkpoint_dir: str | N
 
 
 def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int | None = None,
-        ps_stale_reads: bool | None = None, **kwargs: Any) -> Any:
+        ps_stale_reads: bool | None = None, ps_local_steps: bool | None = None, **kwargs: Any) -> Any:
     """Train a compiled Keras 3 model on the active keras_distrib layout, like ``model.fit``.
 
     Takes ``model.fit``'s arguments (see `keras_distrib.trainers.base.Trainer.fit` and the
     README table), plus ``strategy`` (default: the active one), ``steps_per_execution``
     (steps per scheduled function, default 10), ``seed`` (shuffling) and
-    ``checkpoint_dir`` (resume from / save to every epoch), ``ps_stale_reads`` (opt-in,
-    parameter server only: one variable read per closure, see README). ``x`` may be arrays (dict
+    ``checkpoint_dir`` (resume from / save to every epoch), ``ps_stale_reads`` or
+    ``ps_local_steps`` (opt-in, parameter server only, change the training semantics: one
+    variable read per closure; or K local steps per closure, see README). ``x`` may be arrays (dict
     inputs too), ``(x, y[, sample_weight])``, a ``tf.data.Dataset`` or a
     `keras_distrib.data` source; it is sharded disjointly over the workers.
     ``batch_size``: examples per optimizer update (parameter server: each worker step;
@@ -136,7 +140,8 @@ def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int |
         print("keras_distrib: not inside a keras_distrib job: training with Keras model.fit in this process",
               flush=True)
         return _keras_fit(model, *args, **kwargs)
-    trainer = trainer_for(model, strategy, steps_per_execution=steps_per_execution, ps_stale_reads=ps_stale_reads)
+    trainer = trainer_for(model, strategy, steps_per_execution=steps_per_execution, ps_stale_reads=ps_stale_reads,
+                          ps_local_steps=ps_local_steps)
     return trainer.fit(*args, **kwargs)
 
 
@@ -179,6 +184,7 @@ def _kw(name: str) -> inspect.Parameter:
 
 # The public signatures are Trainer.fit/evaluate's, written once (for help() and IDEs);
 # base imports no TensorFlow, so this stays cheap.
-fit.__signature__ = _signature_from("fit", [_kw("strategy"), _kw("steps_per_execution")])  # type: ignore[attr-defined]
+fit.__signature__ = _signature_from("fit", [_kw("strategy"), _kw("steps_per_execution"), _kw("ps_stale_reads"),
+                                            _kw("ps_local_steps")])  # type: ignore[attr-defined]
 evaluate.__signature__ = _signature_from("evaluate", [_kw("strategy")])  # type: ignore[attr-defined]
 predict.__signature__ = _signature_from("predict", [_kw("strategy")])  # type: ignore[attr-defined]

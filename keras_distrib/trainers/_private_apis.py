@@ -126,3 +126,48 @@ def redirect_tensorboard(callback: Any, directory: str) -> None:
     for attr in ("_log_write_dir", "_train_dir", "_val_dir"):
         if hasattr(callback, attr):
             setattr(callback, attr, os.path.join(directory, os.path.basename(str(getattr(callback, attr)))))
+
+
+# ---------------------------------------------------------------- Keras optimizer internals
+
+def stateless_optimizer(optimizer: Any, variables: Sequence[Any]) -> Any:
+    """A view of ``optimizer`` whose ``apply`` works on a `keras.StatelessScope`'s values.
+
+    Upstream: Keras' TensorFlow optimizer refuses ``stateless_apply`` ("incompatible with
+    tf.distribute") and its ``assign*``/``_backend_update_step`` write the tf.Variables
+    directly through the strategy. Keras' backend-agnostic base methods do the same math
+    through ``Variable.assign`` (which a StatelessScope records), so the view is an
+    instance of a subclass of the optimizer's class that takes every method TensorFlow's
+    optimizer overrides from ``BaseOptimizer`` instead, and shares the optimizer's
+    attributes. ``_var_key`` is computed for ``variables`` up front (TensorFlow's reads the
+    tf.Variable, which a StatelessScope hides). Refused (TypeError): optimizers whose own
+    code calls TensorFlow's versions through ``super()`` (Keras' Nadam and Muon), and
+    gradient accumulation (its ``ops.cond`` shares tensors between branches).
+    """
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    cls = type(optimizer)
+    if TFOptimizer not in cls.__mro__:
+        raise TypeError(f"{cls.__name__} is not a Keras 3 TensorFlow optimizer")
+    tf_methods = {n for n, f in TFOptimizer.__dict__.items() if callable(f) and not n.startswith("__")}
+    for klass in cls.__mro__[: cls.__mro__.index(TFOptimizer)]:
+        clash = sorted(tf_methods & set(klass.__dict__))
+        if clash:
+            raise TypeError(f"{klass.__name__} overrides TensorFlow-specific optimizer methods ({', '.join(clash)})")
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        raise TypeError("gradient_accumulation_steps is set")
+    overrides: dict[str, Any] = {n: BaseOptimizer.__dict__[n] for n in tf_methods if n in BaseOptimizer.__dict__}
+    keys = {id(v): optimizer._var_key(v) for v in variables}
+    overrides["_var_key"] = lambda self, variable: keys[id(variable)]
+    view = object.__new__(type(f"Stateless{cls.__name__}", (cls,), overrides))
+    view.__dict__.update(optimizer.__dict__)
+    return view
+
+
+def stateless_apply(view: Any, grads: Sequence[Any], variables: Sequence[Any]) -> None:
+    """``optimizer.apply(grads, variables)`` through a `stateless_optimizer` view (inside a
+    StatelessScope that maps the variables and the optimizer's variables)."""
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    BaseOptimizer.apply(view, list(grads), list(variables))

@@ -100,16 +100,40 @@ def add_back(scope: Any, variables: Sequence[Any], read: Sequence[Any]) -> None:
     add_changes(variables, read, [scope.get_current_value(v) for v in variables])
 
 
-def add_changes(variables: Sequence[Any], before: Sequence[Any], after: Sequence[Any | None]) -> None:
-    """``v += after - before`` for float variables (atomic on their device); others assigned."""
+def add_changes(variables: Sequence[Any], before: Sequence[Any], after: Sequence[Any | None]) -> list[Any]:
+    """``v += after - before`` for float variables (atomic on their device); others assigned.
+
+    Returns the update ops."""
     import tensorflow as tf
 
+    ops = []
     for v, old, new in zip(variables, before, after):
         if new is None or new is old:
             continue
         if "float" in str(v.dtype):
             # The tf.Variable's own assign_add (one AssignAddVariableOp on the ps): Keras'
             # Variable.assign_add is assign(self + value), a read-modify-write again.
-            v.value.assign_add(tf.cast(new - old, v.value.dtype))
+            ops.append(v.value.assign_add(tf.cast(new - old, v.value.dtype)))
         else:  # seed counters: any fresh value will do
-            v.assign(new)
+            ops.append(v.assign(new))
+    return ops
+
+
+def add_packed(variables: Sequence[Any], groups: Sequence[PackGroup], before: Sequence[Any],
+               after: Sequence[Any]) -> list[Any]:
+    """``v += after - before`` for every variable, one transfer per group (atomic on the ps).
+
+    The changes are packed on the worker, split on each group's device and added there
+    with the tf.Variable's own ``assign_add``, so concurrent workers lose no update (see
+    `add_back`). Returns the update ops.
+    """
+    import tensorflow as tf
+
+    ops = []
+    for g in groups:
+        flat = tf.concat([tf.reshape(after[i] - before[i], [-1]) for i in g.indices], axis=0)
+        with tf.device(g.device):
+            for i, part, shape in zip(g.indices, tf.split(flat, list(g.sizes)), g.shapes):
+                v = variables[i]
+                ops.append(v.value.assign_add(tf.cast(tf.reshape(part, shape), v.value.dtype)))
+    return ops

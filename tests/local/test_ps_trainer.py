@@ -266,6 +266,47 @@ def test_stale_reads_option_keeps_exact_epochs_steps_and_layer_state(strategy: A
     assert not trainer.stale_reads and int(trainer.global_step.numpy()) == 4 * steps
 
 
+def test_local_steps_option_keeps_exact_epochs_steps_and_layer_state(strategy: Any, digits: Any) -> None:
+    """``ps_local_steps=True`` (opt-in: K local steps per closure) with 2 workers: exact
+    epochs over uneven shards (chunks of 10 over 23 steps: partial and empty closures),
+    the exact step counter, BatchNorm statistics, dropout seeds and Adam's moments
+    written to the ps, it learns, and switching to stale reads and back works."""
+    import keras
+
+    import keras_distrib
+
+    x_train, x_test, y_train, y_test = digits
+
+    def stateful() -> Any:
+        m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.BatchNormalization(), keras.layers.Dropout(0.2, seed=1),
+                              keras.layers.Dense(10, activation="softmax")])
+        m.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return m
+
+    model = build(strategy, stateful)
+    seed = next(v for v in model.non_trainable_variables if "seed_generator_state" in v.path)
+    seed_before = np.asarray(seed).copy()
+    history = keras_distrib.fit(model, (x_train, y_train), epochs=3, batch_size=32, steps_per_execution=10,
+                                verbose=0, strategy=strategy, ps_local_steps=True)
+    steps = 2 * int(np.ceil(len(x_train) / 2 / 32))
+    trainer = trainer_for(model)
+    assert trainer.local_steps and not trainer.stale_reads
+    assert int(trainer.global_step.numpy()) == 3 * steps
+    assert int(model.optimizer.iterations.numpy()) == 3 * steps
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert np.abs(np.asarray(model.layers[1].moving_mean)).max() > 0.01  # starts at 0
+    assert not np.array_equal(np.asarray(seed), seed_before)
+    assert max(float(np.abs(np.asarray(v)).max()) for v in model.optimizer.variables[2:]) > 0  # moments moved
+    assert local_eval(model, x_test, y_test)["accuracy"] > 0.85
+    keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy,
+                      ps_local_steps=False, ps_stale_reads=True)
+    assert trainer.stale_reads and not trainer.local_steps
+    keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy,
+                      ps_local_steps=True, ps_stale_reads=False)
+    assert trainer.local_steps and int(trainer.global_step.numpy()) == 5 * steps
+
+
 def test_long_chunks_run_as_a_graph_loop(strategy: Any, digits: Any) -> None:
     """K above MAX_UNROLLED_STEPS takes the tf.range path; the remainder chunk is unrolled."""
     import keras_distrib

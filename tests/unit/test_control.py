@@ -150,6 +150,29 @@ def test_fuzzing_client_neither_stops_nor_stalls_the_job(monkeypatch: pytest.Mon
         job.close()
 
 
+def test_a_port_scan_that_resets_gets_one_line_each() -> None:
+    """Connections reset at once (SO_LINGER 0, as scanners do): whether the reset comes
+    before the agent's greeting or after, each one is one log line (a real Slurm run lost
+    the line of a scan whose reset broke the greeting)."""
+    import socket
+    import struct
+
+    job = Job(2)
+    try:
+        for _ in range(20):
+            sock = socket.create_connection(("127.0.0.1", job.port), timeout=5)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        deadline = time.monotonic() + 10
+        while len(job.logs) < 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.3)
+        assert len(job.logs) == 20, job.logs
+        assert all("closed the connection before authenticating" in line for line in job.logs), job.logs
+    finally:
+        job.close()
+
+
 def test_a_silent_agent_is_lost_within_the_heartbeat_timeout() -> None:
     """A dead node closes nothing: its agent just goes silent (here: it stops beating)."""
     job = Job(2, heartbeat_timeout=1.2)
