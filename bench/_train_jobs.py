@@ -169,9 +169,16 @@ def _tf_dataset(x: Any, y: Any, batch: int, shard: tuple[int, int] | None = None
     return ds.shuffle(SHUFFLE_BUFFER, seed=0).repeat().batch(batch).prefetch(tf.data.AUTOTUNE)
 
 
-def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, **fit_options: Any) -> Callable[[int], float]:
-    """The Keras 3 trainer (keras_distrib.fit): async PS or all-reduce, by the strategy."""
+def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, exact_epochs: bool = False,
+                       **fit_options: Any) -> Callable[[int], float]:
+    """The Keras 3 trainer (keras_distrib.fit): async PS or all-reduce, by the strategy.
+
+    ``exact_epochs``: no ``steps_per_epoch``; each epoch is one pass over exactly
+    ``steps`` batches per worker (the examples repeated up to that size), so every step
+    is guarded against the end of its shard, as in a plain ``fit(x, y, epochs=...)``.
+    """
     import keras
+    import numpy as np
 
     import keras_distrib
     from keras_distrib.trainers import placement
@@ -181,7 +188,11 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, *
 
     def run(steps: int) -> float:
         timer = epoch_timer(keras.callbacks.Callback)
-        keras_distrib.fit(model, data, epochs=2, steps_per_epoch=steps, batch_size=ctx.batch,
+        epoch_data, steps_per_epoch = data, steps
+        if exact_epochs:
+            rows = steps * ctx.batch * ctx.info.num_workers
+            epoch_data, steps_per_epoch = tuple(np.resize(a, (rows, *a.shape[1:])) for a in data), None
+        keras_distrib.fit(model, epoch_data, epochs=2, steps_per_epoch=steps_per_epoch, batch_size=ctx.batch,
                           steps_per_execution=ctx.k, shuffle=shuffle, verbose=0, callbacks=[timer],
                           strategy=ctx.strategy, **fit_options)
         ctx.record_chief_cpu(timer.cpu_seconds[-1], steps)
@@ -472,6 +483,7 @@ SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
     "single_process": side_single_process,
     "keras_distrib_stale_reads": lambda ctx: side_keras_distrib(ctx, ps_stale_reads=True),
     "keras_distrib_local_steps": lambda ctx: side_keras_distrib(ctx, ps_local_steps=True),
+    "keras_distrib_exact_epochs": lambda ctx: side_keras_distrib(ctx, exact_epochs=True),
     **{f"ps_chunk_{variant}": functools.partial(side_ps_chunk, variant=variant) for variant in CHUNK_VARIANTS},
     "pipeline_arrays": lambda ctx: side_stall(ctx, "arrays"),
     **{f"pipeline_{recipe}": functools.partial(side_stall, kind=recipe) for recipe in FILE_RECIPES},

@@ -12,7 +12,10 @@ model on the same data (bench/_train_jobs.py):
 * ``ps_chunk_read``: + the variables read packed from the ps once per step (Adam still
   updates a worker-local copy, so the steps stay sequential);
 * ``ps_chunk_read_send``: the gradients sent back packed and Adam applied on the ps instead;
-* ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps_async.py);
+* ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps_async.py), with
+  ``steps_per_epoch`` (the input repeats: no guard per step);
+* ``keras_distrib_exact_epochs``: the same without ``steps_per_epoch``, one exact pass
+  per epoch over as many batches (every step guarded against the end of its shard);
 * ``keras_distrib_stale_reads``: the same with the opt-in ``ps_stale_reads=True`` (one
   variable read per closure; changes the training semantics, see README);
 * ``keras_distrib_local_steps``: the same with the opt-in ``ps_local_steps=True`` (K local
@@ -36,13 +39,14 @@ from _train_jobs import each_model, launch_result, model_runs, training_parser
 from ps_throughput import STEPS
 
 SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib",
-         "keras_distrib_stale_reads", "keras_distrib_local_steps"]
+         "keras_distrib_exact_epochs", "keras_distrib_stale_reads", "keras_distrib_local_steps"]
 #: (label of the increment, side with it, side without it)
 INCREMENTS = [
     ("compute (worker, local variables)", "ps_chunk_compute", None),
     ("+ packed variable read from the ps", "ps_chunk_read", "ps_chunk_compute"),
     ("+ packed gradient send and apply on the ps (- local apply)", "ps_chunk_read_send", "ps_chunk_read"),
     ("+ trainer bookkeeping (step counter, metrics, epochs, chief)", "keras_distrib", "ps_chunk_read_send"),
+    ("+ a guard per step (exact epochs: no steps_per_epoch)", "keras_distrib_exact_epochs", "keras_distrib"),
 ]
 
 

@@ -171,3 +171,25 @@ def stateless_apply(view: Any, grads: Sequence[Any], variables: Sequence[Any]) -
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
     BaseOptimizer.apply(view, list(grads), list(variables))
+
+
+def _atomic_assign_add(variable: Any, value: Any) -> Any:
+    import tensorflow as tf
+
+    current = variable.value
+    if not isinstance(current, tf.Variable):  # inside a StatelessScope: a tensor, Keras' own way
+        return type(variable).assign_add(variable, value)
+    return current.assign_add(tf.cast(value, current.dtype))
+
+
+def make_increments_atomic(variable: Any) -> None:
+    """Make ``variable.assign_add`` the tf.Variable's own (one op on the variable's device).
+
+    Upstream: Keras 3's ``Variable.assign_add`` is ``assign(self + value)``; Keras'
+    optimizer advances ``iterations`` that way after every update, which on a parameter
+    server reads the counter to the worker and writes it back each step (and loses
+    increments between workers). An instance attribute, so only this variable changes.
+    """
+    import types
+
+    variable.assign_add = types.MethodType(_atomic_assign_add, variable)

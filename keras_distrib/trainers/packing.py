@@ -120,8 +120,8 @@ def add_changes(variables: Sequence[Any], before: Sequence[Any], after: Sequence
 
 
 def add_packed(variables: Sequence[Any], groups: Sequence[PackGroup], before: Sequence[Any],
-               after: Sequence[Any]) -> list[Any]:
-    """``v += after - before`` for every variable, one transfer per group (atomic on the ps).
+               after: Sequence[Any], scale: float = 1.0) -> list[Any]:
+    """``v += scale * (after - before)`` for every variable, one transfer per group (atomic on the ps).
 
     The changes are packed on the worker, split on each group's device and added there
     with the tf.Variable's own ``assign_add``, so concurrent workers lose no update (see
@@ -132,6 +132,8 @@ def add_packed(variables: Sequence[Any], groups: Sequence[PackGroup], before: Se
     ops = []
     for g in groups:
         flat = tf.concat([tf.reshape(after[i] - before[i], [-1]) for i in g.indices], axis=0)
+        if scale != 1.0:
+            flat = flat * tf.cast(scale, flat.dtype)
         with tf.device(g.device):
             for i, part, shape in zip(g.indices, tf.split(flat, list(g.sizes)), g.shapes):
                 v = variables[i]

@@ -197,16 +197,9 @@ def test_packed_steps_keep_regularizers_and_layer_state(strategy: Any, digits: A
     assert not np.array_equal(np.asarray(seed), seed_before)  # a new dropout mask per step
 
 
-def test_no_layer_state_update_is_lost_between_workers(strategy: Any, digits: Any) -> None:
-    """Both workers update the same non-trainable state at once (as BatchNorm's statistics):
-    a float counter that every training step adds 1 to must end at exactly the number of
-    steps. Assigning each step's new value (read-modify-write on the ps) lost about half
-    of them with 2 workers."""
+def counting() -> Any:
+    """A model whose first layer adds 1 to a float variable at every training step."""
     import keras
-
-    import keras_distrib
-
-    x_train, _, y_train, _ = digits
 
     class StepCounter(keras.layers.Layer):
         def build(self, input_shape: Any) -> None:
@@ -217,11 +210,48 @@ def test_no_layer_state_update_is_lost_between_workers(strategy: Any, digits: An
                 self.seen.assign(self.seen + 1.0)
             return x
 
-    def counting() -> Any:
-        m = keras.Sequential([keras.Input((64,)), StepCounter(), keras.layers.Dense(10)])
-        m.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return m
+    m = keras.Sequential([keras.Input((64,)), StepCounter(), keras.layers.Dense(10)])
+    m.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return m
 
+
+@pytest.mark.parametrize("mode", ["default", "ps_stale_reads", "ps_local_steps"])
+def test_steps_per_epoch_runs_exactly_that_many_unguarded_steps(strategy: Any, digits: Any, mode: str) -> None:
+    """With steps_per_epoch the shards repeat and none is empty, so the steps run without
+    a guard per step (`PerWorkerInput.endless`): still exactly 13 steps per epoch in chunks
+    of 5, each counted once by the step counter, a layer and ``optimizer.iterations``. An
+    input with an empty shard (1 example, 2 workers) keeps the guards and does not fail."""
+    import keras_distrib
+    from keras_distrib import data as kd
+    from keras_distrib.trainers.ps_async import PerWorkerInput
+
+    x_train, _, y_train, _ = digits
+    options = {} if mode == "default" else {mode: True}
+    model = build(strategy, counting)
+    keras_distrib.fit(model, (x_train, y_train), epochs=2, batch_size=16, steps_per_epoch=13, steps_per_execution=5,
+                      verbose=0, strategy=strategy, **options)
+    trainer = trainer_for(model)
+    assert int(trainer.global_step.numpy()) == 26
+    assert int(model.optimizer.iterations.numpy()) == 26
+    assert float(np.asarray(model.layers[0].seen)) == 26
+    endless = PerWorkerInput(trainer.coordinator, kd.as_source((x_train, y_train)), batch_size=16, shuffle=False,
+                             seed=None, repeat=True)
+    one = PerWorkerInput(trainer.coordinator, kd.as_source((x_train[:1], y_train[:1])), batch_size=16, shuffle=False,
+                         seed=None, repeat=True)
+    assert endless.endless and not one.endless
+    keras_distrib.fit(model, (x_train[:1], y_train[:1]), epochs=1, batch_size=16, steps_per_epoch=3, verbose=0,
+                      strategy=strategy, **options)
+    assert 26 <= int(trainer.global_step.numpy()) <= 29  # closures on the empty shard run no step
+
+
+def test_no_layer_state_update_is_lost_between_workers(strategy: Any, digits: Any) -> None:
+    """Both workers update the same non-trainable state at once (as BatchNorm's statistics):
+    a float counter that every training step adds 1 to must end at exactly the number of
+    steps. Assigning each step's new value (read-modify-write on the ps) lost about half
+    of them with 2 workers."""
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
     model = build(strategy, counting)
     keras_distrib.fit(model, (x_train, y_train), epochs=2, batch_size=16, verbose=0, strategy=strategy)
     steps = int(trainer_for(model).global_step.numpy())
