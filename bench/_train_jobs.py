@@ -461,7 +461,10 @@ class CachedBatch:
     spec the same dynamic batch dimension as the real pipelines.
     """
 
-    num_examples = None
+    #: Batches per shard, for the trainers: "never runs out", as the real pipelines under
+    #: steps_per_epoch, so every side runs the same unguarded steps (an unknown size would
+    #: keep a guard per step in the parameter-server trainer and slow the reference down).
+    num_examples = 1 << 30
     batched = True
 
     def __init__(self, x: Any, y: Any) -> None:

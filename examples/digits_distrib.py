@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--steps-per-execution", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--single-process", action="store_true", help="plain Keras baseline")
+    p.add_argument("--ps-local-steps", action="store_true",
+                   help="parameter server: K local steps per closure (opt-in, see the README)")
     p.add_argument("--save", default=None, help="write the trained model here (.keras)")
     p.add_argument("--json", action="store_true", help="print results as one JSON line")
     p.add_argument("--verbose", type=int, default=2)
@@ -70,6 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model, (x_train, y_train), epochs=args.epochs, batch_size=args.batch_size,
             validation_data=(x_test, y_test), steps_per_execution=args.steps_per_execution,
             verbose=args.verbose, seed=args.seed, strategy=strategy,
+            **({"ps_local_steps": True} if args.ps_local_steps else {}),
         )
         trainer = trainer_for(model, strategy)
         result["test_accuracy"] = float(history.history["val_accuracy"][-1])

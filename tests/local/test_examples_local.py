@@ -25,11 +25,11 @@ def last_json(lines: list[str], prefix: str) -> dict:
     return json.loads(payloads[-1])
 
 
-@pytest.mark.parametrize("layout", ["ps-per-node", "allreduce"])
-def test_digits_example_trains_and_saves(tmp_path: Path, layout: str) -> None:
+@pytest.mark.parametrize("layout, options", [("ps-per-node", []), ("allreduce", []), ("ps-per-node", ["--ps-local-steps"])])
+def test_digits_example_trains_and_saves(tmp_path: Path, layout: str, options: list[str]) -> None:
     model_path = tmp_path / "digits.keras"
     lines = run_example(tmp_path, ["--nodes", "2", "--layout", layout], "digits_distrib.py",
-                        ["--epochs", "3", "--json", "--save", str(model_path)])
+                        ["--epochs", "3", "--json", "--save", str(model_path), *options])
     first = "[local0 chief:0]" if layout == "ps-per-node" else "[local0 worker:0]"
     result = last_json(lines, first)
     assert result["test_accuracy"] > 0.8
