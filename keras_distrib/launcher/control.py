@@ -190,6 +190,9 @@ class ControlServer:
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=5)
+        for key in list(self._selector.get_map().values()):
+            if key.data is not None and key.data.agent is None:  # every stranger gets its line
+                self._drop(key.data, "had not authenticated when the job ended")
         for conn in list(self._peers.values()):
             try:
                 conn.sock.shutdown(socket.SHUT_RDWR)

@@ -173,6 +173,23 @@ def test_a_port_scan_that_resets_gets_one_line_each() -> None:
         job.close()
 
 
+def test_a_stranger_still_connected_when_the_job_ends_gets_its_line() -> None:
+    """A half-sent hello held open past the end of a short job: one line at close, as every
+    other stranger gets (a real Slurm run ended before the handshake timeout and lost it)."""
+    import socket
+
+    job = Job(1)
+    sock = socket.create_connection(("127.0.0.1", job.port), timeout=5)
+    try:
+        sock.sendall(b'{"agent": 1')
+        time.sleep(0.5)
+        assert job.logs == []
+        job.close()
+        assert len(job.logs) == 1 and "had not authenticated when the job ended; closed it" in job.logs[0], job.logs
+    finally:
+        sock.close()
+
+
 def test_a_silent_agent_is_lost_within_the_heartbeat_timeout() -> None:
     """A dead node closes nothing: its agent just goes silent (here: it stops beating)."""
     job = Job(2, heartbeat_timeout=1.2)
