@@ -11,6 +11,11 @@ Every worker runs this loop in lockstep. Why it looks the way it does:
   A worker whose shard ran out therefore computes on one zero-weight example instead of an
   empty batch (BatchNorm, custom layers), and the step's update is the mean gradient over
   exactly the examples left; metrics only see real examples.
+* Except when no shard can run out or come up short: with ``steps_per_epoch`` over
+  unbatched data (arrays, files) every worker repeats its non-empty shard, so every batch is
+  full and the step's example count is known in advance. Those steps skip the count's
+  all-reduce (one collective round trip per step, as costly as the gradients' on a small
+  model) and the padding.
 * The K steps of a call loop *around* ``strategy.run`` (a loop inside the replica function
   fails with "merge_call called while defining a new graph").
 * ``optimizer.iterations`` is exact here (updates are synchronous), so it is the step.
@@ -51,8 +56,9 @@ def _sum_over_workers(strategy: Any, nest: Any) -> Any:
     return tf.nest.pack_sequence_as(nest, out)
 
 
-def _with_padding(ds: Any) -> Any:
-    """``(batch, real_mask)`` batches of ``ds``, then endless one-example zero-weight padding."""
+def _with_padding(ds: Any, endless: bool = False) -> Any:
+    """``(batch, real_mask)`` batches of ``ds``, then endless one-example zero-weight padding
+    (none when ``ds`` is ``endless``: it never ends)."""
     import tensorflow as tf
 
     def real(*batch: Any) -> Any:
@@ -64,6 +70,8 @@ def _with_padding(ds: Any) -> Any:
         return tf.nest.map_structure(lambda t: t[:1], batch), tf.zeros([1], tf.float32)
 
     real_ds = ds.map(real)
+    if endless:
+        return real_ds
     return real_ds.concatenate(real_ds.take(1).map(pad).repeat())
 
 
@@ -79,6 +87,10 @@ class EpochInput:
         per_shard = steps_for_shards(source.num_examples, workers, None if source.batched else per_replica)
         # Lockstep: the longest shard decides how many steps an epoch has.
         self.steps = None if per_shard is None else max(per_shard)
+        #: Every step's examples over all replicas when no batch can be short or missing
+        #: (repeated unbatched shards, none empty), else None: each step counts them.
+        self.full_batch = (per_replica * workers if repeat and not source.batched and per_shard is not None
+                           and min(per_shard) > 0 else None)
         if source.num_examples is not None and source.num_examples < workers:
             raise TrainerError(
                 f"{source.num_examples} elements cannot feed {workers} workers (each needs at "
@@ -93,7 +105,7 @@ class EpochInput:
         def dataset_fn(ctx: Any) -> Any:
             ds = kd_data.pipeline(self.source, ctx.input_pipeline_id, ctx.num_input_pipelines,
                                   **self._options, epoch=epoch)
-            return _with_padding(ds)
+            return _with_padding(ds, endless=self.full_batch is not None)
 
         it = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
         if self.repeat:
@@ -116,7 +128,7 @@ class AllReduceTrainer(Trainer):
         with self.strategy.scope():
             if not self.optimizer.built:
                 self.optimizer.build(model.trainable_variables)
-        self._fns: dict[bool, Any] = {}
+        self._fns: dict[tuple[bool, int | None], Any] = {}
         self._agree_fn = None
 
     @property
@@ -129,7 +141,8 @@ class AllReduceTrainer(Trainer):
 
     # ------------------------------------------------------------ traced functions
 
-    def _make_fn(self, training: bool) -> Any:
+    def _make_fn(self, training: bool, full_batch: int | None) -> Any:
+        """K steps per call; ``full_batch``: every step's known example count (no count, no end)."""
         import tensorflow as tf
 
         model, opt, metrics, strategy = self.model, self.optimizer, self.metrics, self.strategy
@@ -184,9 +197,12 @@ class AllReduceTrainer(Trainer):
             steps = tf.constant(0, tf.int64)
             for _ in tf.range(num_steps):
                 batch, mask = next(iterator)
-                global_n = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(mask,)), axis=None)
-                if global_n == 0:
-                    break
+                if full_batch is None:
+                    global_n = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(mask,)), axis=None)
+                    if global_n == 0:
+                        break
+                else:
+                    global_n = tf.constant(float(full_batch))
                 totals = strategy.run(replica_step, args=(batch, mask, totals, global_n))
                 steps += 1
             # One all-reduce per call: sums over replicas of the per-replica accumulators.
@@ -209,10 +225,11 @@ class AllReduceTrainer(Trainer):
 
         return run_chunk
 
-    def _fn(self, training: bool) -> Any:
-        if training not in self._fns:
-            self._fns[training] = self._make_fn(training)
-        return self._fns[training]
+    def _fn(self, training: bool, full_batch: int | None) -> Any:
+        key = (training, full_batch)
+        if key not in self._fns:
+            self._fns[key] = self._make_fn(training, full_batch)
+        return self._fns[key]
 
     def _agree(self, flag: bool) -> bool:
         """True on every worker if any worker's callbacks asked to stop."""
@@ -310,7 +327,7 @@ class AllReduceTrainer(Trainer):
         """Run the epoch (or ``steps``) in calls of K steps; every worker in lockstep."""
         import tensorflow as tf
 
-        fn, iterator = self._fn(training), inp.iterator(epoch)
+        fn, iterator = self._fn(training, inp.full_batch), inp.iterator(epoch)
         totals = Totals(self.metrics.reset_numpy())
         k = self.steps_per_execution
         while steps is None or totals.steps < steps:

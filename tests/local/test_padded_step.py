@@ -49,6 +49,19 @@ def make(batch_norm):
     return model
 
 
+def compare(model, ref):
+    """Each weight's largest difference to the reference, for the model and every replica's copy."""
+    weights = {}
+    for i, (got, want) in enumerate(zip(model.weights, ref.weights)):
+        copies = strategy.experimental_local_results(got.value)
+        weights[f"{i}:{got.path}"] = {
+            "trainable": got.trainable,
+            "diff": float(np.max(np.abs(got.numpy() - want.numpy()))),
+            "copy_diffs": [float(np.max(np.abs(np.asarray(c) - want.numpy()))) for c in copies],
+        }
+    return weights
+
+
 rng = np.random.default_rng(0)
 x, y = rng.normal(size=(11, 5)).astype("float32"), rng.integers(0, 3, 11)
 strategy = tf.distribute.MultiWorkerMirroredStrategy._from_local_devices(["/cpu:0", "/cpu:1"])
@@ -66,17 +79,23 @@ for batch_norm in (False, True):
         ref = make(batch_norm)
         ref.set_weights(start)
         ref_losses = [float(ref.train_on_batch(x[a:b], y[a:b])) for a, b in steps]
-        weights = {}
-        for i, (got, want) in enumerate(zip(model.weights, ref.weights)):
-            copies = strategy.experimental_local_results(got.value)
-            weights[f"{i}:{got.path}"] = {
-                "trainable": got.trainable,
-                "diff": float(np.max(np.abs(got.numpy() - want.numpy()))),
-                "copy_diffs": [float(np.max(np.abs(np.asarray(c) - want.numpy()))) for c in copies],
-            }
+        weights = compare(model, ref)
         want_loss = sum(l * (b - a) for l, (a, b) in zip(ref_losses, steps)) / n
         results.append({"batch_norm": batch_norm, "n": n, "weights": weights,
                         "loss": hist.history["loss"][0], "want_loss": want_loss})
+# steps_per_epoch over arrays: shards repeat, every batch full, no count and no padding
+# (the full-batch path). The stream cycles through the 11 examples, 8 per step.
+cycle = np.arange(3 * 8) % 11
+with strategy.scope():
+    model = make(False)
+start = [v.numpy() for v in model.weights]
+hist = keras_distrib.fit(model, x, y, epochs=1, batch_size=8, steps_per_epoch=3, shuffle=False, verbose=0,
+                         strategy=strategy, steps_per_execution=2)
+ref = make(False)
+ref.set_weights(start)
+ref_losses = [float(ref.train_on_batch(x[cycle[s:s + 8]], y[cycle[s:s + 8]])) for s in range(0, 24, 8)]
+results.append({"batch_norm": False, "n": "repeat", "weights": compare(model, ref),
+                "loss": hist.history["loss"][0], "want_loss": float(np.mean(ref_losses))})
 print(json.dumps({"results": results}), flush=True)
 '''
 
@@ -94,12 +113,13 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return last_json_line(proc.stdout)["results"]
 
 
-def _case(results: list[dict], batch_norm: bool, n: int) -> dict:
+def _case(results: list[dict], batch_norm: bool, n: int | str) -> dict:
     return next(r for r in results if r["batch_norm"] == batch_norm and r["n"] == n)
 
 
-@pytest.mark.parametrize("n", [3, 6, 11])
-def test_padded_and_uneven_steps_equal_one_synchronous_step(results: list[dict], n: int) -> None:
+@pytest.mark.parametrize("n", [3, 6, 11, "repeat"])
+def test_padded_and_uneven_steps_equal_one_synchronous_step(results: list[dict], n: int | str) -> None:
+    """n="repeat": steps_per_epoch=3 over the 11 examples repeated (full batches, no count)."""
     case = _case(results, False, n)
     assert case["loss"] == pytest.approx(case["want_loss"], rel=1e-5)
     for name, w in case["weights"].items():
