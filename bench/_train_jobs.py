@@ -457,8 +457,9 @@ class CachedBatch:
 
     Built inside shard() (so the worker builds it) rather than passing an eagerly created
     tf.data.Dataset: under ParameterServerStrategy `keras_distrib.fit` cannot ship an eager
-    Dataset to the workers ("Unable to parse tensor proto"). Slices + batch give the element
-    spec the same dynamic batch dimension as the real pipelines.
+    Dataset to the workers ("Unable to parse tensor proto"). ``drop_remainder=True`` makes the
+    batch size static, so the all-reduce trainer knows every batch is full and runs it as it
+    runs the repeated real pipelines (no per-step example count).
     """
 
     #: Batches per shard, for the trainers: "never runs out", as the real pipelines under
@@ -473,7 +474,7 @@ class CachedBatch:
     def shard(self, index: int, num_shards: int) -> Any:
         import tensorflow as tf
 
-        one = tf.data.Dataset.from_tensor_slices((self.x, self.y)).batch(len(self.x))
+        one = tf.data.Dataset.from_tensor_slices((self.x, self.y)).batch(len(self.x), drop_remainder=True)
         return one.take(1).cache().repeat()
 
 

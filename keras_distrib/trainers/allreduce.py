@@ -12,8 +12,9 @@ Every worker runs this loop in lockstep. Why it looks the way it does:
   empty batch (BatchNorm, custom layers), and the step's update is the mean gradient over
   exactly the examples left; metrics only see real examples.
 * Except when no shard can run out or come up short: with ``steps_per_epoch`` over
-  unbatched data (arrays, files) every worker repeats its non-empty shard, so every batch is
-  full and the step's example count is known in advance. Those steps skip the count's
+  unbatched data (arrays, files), or over batches of a static size (``drop_remainder=True``),
+  every worker repeats its non-empty shard, so every batch is full and the step's example
+  count is known in advance. Those steps skip the count's
   all-reduce (one collective round trip per step, as costly as the gradients' on a small
   model) and the padding.
 * The K steps of a call loop *around* ``strategy.run`` (a loop inside the replica function
@@ -56,6 +57,14 @@ def _sum_over_workers(strategy: Any, nest: Any) -> Any:
     return tf.nest.pack_sequence_as(nest, out)
 
 
+def _static_batch_size(ds: Any) -> int | None:
+    """The batch size every element of the batched ``ds`` has, if its spec fixes one."""
+    import tensorflow as tf
+
+    dims = {spec.shape[0] for spec in tf.nest.flatten(ds.element_spec) if spec.shape.rank}
+    return dims.pop() if len(dims) == 1 and None not in dims else None
+
+
 def _with_padding(ds: Any, endless: bool = False) -> Any:
     """``(batch, real_mask)`` batches of ``ds``, then endless one-example zero-weight padding
     (none when ``ds`` is ``endless``: it never ends)."""
@@ -88,9 +97,11 @@ class EpochInput:
         # Lockstep: the longest shard decides how many steps an epoch has.
         self.steps = None if per_shard is None else max(per_shard)
         #: Every step's examples over all replicas when no batch can be short or missing
-        #: (repeated unbatched shards, none empty), else None: each step counts them.
-        self.full_batch = (per_replica * workers if repeat and not source.batched and per_shard is not None
-                           and min(per_shard) > 0 else None)
+        #: (repeated shards, none empty, of unbatched data or of batches whose size is
+        #: static, as after ``drop_remainder=True``), else None: each step counts them.
+        batch = per_replica if not source.batched else _static_batch_size(self.sample)
+        self.full_batch = (batch * workers if repeat and batch and per_shard is not None and min(per_shard) > 0
+                           else None)
         if source.num_examples is not None and source.num_examples < workers:
             raise TrainerError(
                 f"{source.num_examples} elements cannot feed {workers} workers (each needs at "

@@ -96,6 +96,19 @@ ref.set_weights(start)
 ref_losses = [float(ref.train_on_batch(x[cycle[s:s + 8]], y[cycle[s:s + 8]])) for s in range(0, 24, 8)]
 results.append({"batch_norm": False, "n": "repeat", "weights": compare(model, ref),
                 "loss": hist.history["loss"][0], "want_loss": float(np.mean(ref_losses))})
+# The same over a batched dataset of static batch size (drop_remainder=True): 2 batches of 4,
+# one per replica, repeated: every step is x[0:8].
+with strategy.scope():
+    model = make(False)
+start = [v.numpy() for v in model.weights]
+batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True)
+hist = keras_distrib.fit(model, batches, epochs=1, steps_per_epoch=3, shuffle=False, verbose=0,
+                         strategy=strategy, steps_per_execution=2)
+ref = make(False)
+ref.set_weights(start)
+ref_losses = [float(ref.train_on_batch(x[:8], y[:8])) for _ in range(3)]
+results.append({"batch_norm": False, "n": "repeat_batched", "weights": compare(model, ref),
+                "loss": hist.history["loss"][0], "want_loss": float(np.mean(ref_losses))})
 print(json.dumps({"results": results}), flush=True)
 '''
 
@@ -117,9 +130,10 @@ def _case(results: list[dict], batch_norm: bool, n: int | str) -> dict:
     return next(r for r in results if r["batch_norm"] == batch_norm and r["n"] == n)
 
 
-@pytest.mark.parametrize("n", [3, 6, 11, "repeat"])
+@pytest.mark.parametrize("n", [3, 6, 11, "repeat", "repeat_batched"])
 def test_padded_and_uneven_steps_equal_one_synchronous_step(results: list[dict], n: int | str) -> None:
-    """n="repeat": steps_per_epoch=3 over the 11 examples repeated (full batches, no count)."""
+    """n="repeat"/"repeat_batched": steps_per_epoch=3 over arrays / static-size batches
+    repeated (full batches, no count, no padding)."""
     case = _case(results, False, n)
     assert case["loss"] == pytest.approx(case["want_loss"], rel=1e-5)
     for name, w in case["weights"].items():
