@@ -448,8 +448,11 @@ def side_stall(ctx: "Context", kind: str) -> Callable[[int], float]:
             ctx.tfrecords = write_tfrecords(ctx.x, ctx.y, Path(ctx.workdir) / f"tfrecords-{os.getpid()}", files=4)
         paths = ctx.tfrecords
         return side_keras_distrib(ctx, file_source(paths, ctx.x.shape[1:], kind, len(ctx.x)))
-    # One pre-materialised batch, cached in memory and repeated: no per-step input work.
-    return side_keras_distrib(ctx, CachedBatch(ctx.x[: ctx.batch], ctx.y[: ctx.batch]), shuffle=False)
+    # One pre-materialised batch, cached in memory and repeated: no per-step input work. A
+    # batched source's batch is one replica's: under all-reduce batch_size is the global
+    # batch, split over the replicas (a whole global batch per replica doubled the step).
+    rows = ctx.batch // ctx.strategy.num_replicas_in_sync if ctx.info.layout == "allreduce" else ctx.batch
+    return side_keras_distrib(ctx, CachedBatch(ctx.x[:rows], ctx.y[:rows]), shuffle=False)
 
 
 class CachedBatch:
