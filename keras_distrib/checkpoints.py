@@ -152,6 +152,13 @@ def model_signature(model: Any) -> str:
     return hashlib.sha1(";".join(parts).encode()).hexdigest()[:12] + f"-{len(parts)}w"
 
 
+def where_in_training(meta: Meta) -> str:
+    """``meta``'s place in training, in words: "the end of epoch 3" or "epoch 4, 20 steps into it"."""
+    if meta.step_in_epoch == 0 and meta.epoch:
+        return f"the end of epoch {meta.epoch}"
+    return f"epoch {meta.epoch + 1}, {meta.step_in_epoch} steps into it"
+
+
 def position(step: int, steps_per_epoch: int | None) -> tuple[int, int]:
     """(epoch, step within the epoch) of the global ``step``."""
     if not steps_per_epoch:
@@ -295,9 +302,7 @@ class Checkpointer:
         if self.show:
             reached = self.store.last_progress()
             lost = f"; the {reached - meta.step} steps trained after it are redone" if reached and reached > meta.step else ""
-            where = (f"the end of epoch {meta.epoch}" if meta.step_in_epoch == 0 and meta.epoch
-                     else f"epoch {meta.epoch + 1}, {meta.step_in_epoch} steps into it")
-            say(f"resuming from {path} ({where}, step {meta.step}){lost}.")
+            say(f"resuming from {path} ({where_in_training(meta)}, step {meta.step}){lost}.")
         return meta.step
 
     def save(self, step: int) -> Path | None:

@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import data as kd_data
-from ..checkpoints import Preempted, preemption_signals, say
+from ..checkpoints import Meta, Preempted, preemption_signals, say, where_in_training
 from . import callbacks as cb_utils
 from ._common import CheckpointKeeper, TrainerError, check_model
 from .metrics import MetricSet, Totals
@@ -300,8 +300,10 @@ class Trainer:
             raise
         finally:
             if self.is_chief and verbose != 0:
+                newest = keeper.checkpointer.store.latest() if keeper is not None else None
                 say(summary_line(self.epoch_stats[first_stat:], time.perf_counter() - started, outcome,
-                                 keeper.checkpointer.store.directory if keeper is not None else None))
+                                 keeper.checkpointer.store.directory if keeper is not None else None,
+                                 newest[1] if newest else None))
             self._keeper = None
             if keeper is not None:
                 keeper.close()
@@ -413,8 +415,13 @@ def epoch_line(stats: dict[str, Any], epochs: int) -> str:
     return line
 
 
-def summary_line(stats: Sequence[dict[str, Any]], seconds: float, outcome: str, checkpoint_dir: Any) -> str:
-    """The one line fit() ends with: time, epochs trained, why it ended, where checkpoints went."""
+def summary_line(stats: Sequence[dict[str, Any]], seconds: float, outcome: str, checkpoint_dir: Any,
+                 newest: Meta | None = None) -> str:
+    """The one line fit() ends with: time, epochs trained, why it ended, where checkpoints went.
+
+    When fit did not finish, ``newest`` (the newest complete checkpoint) says where a rerun
+    resumes: the work after it, counted in "trained", is redone.
+    """
     if stats:
         first, last = stats[0]["epoch"] + 1, stats[-1]["epoch"] + 1
         epochs = f"epoch {first}" if first == last else f"epochs {first}-{last}"
@@ -422,6 +429,9 @@ def summary_line(stats: Sequence[dict[str, Any]], seconds: float, outcome: str, 
     else:
         trained = "trained no epoch"
     where = f"checkpoints in {checkpoint_dir}" if checkpoint_dir else "no checkpoint_dir"
+    if checkpoint_dir and outcome not in ("finished", "stopped early by a callback"):
+        where += (f", the newest at step {newest.step} ({where_in_training(newest)}): a rerun resumes there"
+                  if newest is not None else ", none written yet: a rerun starts over")
     return f"fit {outcome}: {trained} in {seconds:.1f} s; {where}."
 
 

@@ -62,3 +62,21 @@ def test_epoch_and_summary_lines() -> None:
         "fit finished: trained epochs 2-3 (80 steps) in 4.2 s; checkpoints in ckpt."
     assert summary_line([], 0.5, "stopped early by a callback", None) == \
         "fit stopped early by a callback: trained no epoch in 0.5 s; no checkpoint_dir."
+
+
+def test_an_unfinished_fit_says_where_a_rerun_resumes() -> None:
+    """Interrupted after epoch 3's steps but before its checkpoint: "trained" counts them,
+    the newest checkpoint (epoch 2's end) is where the rerun starts."""
+    from keras_distrib.checkpoints import Meta
+    from keras_distrib.trainers.base import summary_line
+
+    stats = [{"epoch": e, "steps": 50} for e in range(3)]
+    newest = Meta(step=100, epoch=2, step_in_epoch=0, steps_per_epoch=50, layout="ps-per-node", signature="s", saved_at=0.0)
+    assert summary_line(stats, 7.06, "interrupted", "ckpt", newest) == (
+        "fit interrupted: trained epochs 1-3 (150 steps) in 7.1 s; checkpoints in ckpt, the newest at "
+        "step 100 (the end of epoch 2): a rerun resumes there.")
+    mid = Meta(step=120, epoch=2, step_in_epoch=20, steps_per_epoch=50, layout="ps-per-node", signature="s", saved_at=0.0)
+    assert "the newest at step 120 (epoch 3, 20 steps into it)" in summary_line(stats, 1, "stopped by an error", "ckpt", mid)
+    assert summary_line(stats, 1, "interrupted", "ckpt", None).endswith("checkpoints in ckpt, none written yet: a rerun starts over.")
+    # A finished fit needs no such note.
+    assert summary_line(stats, 1, "finished", "ckpt", newest).endswith("checkpoints in ckpt.")
