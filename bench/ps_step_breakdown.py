@@ -20,7 +20,9 @@ model on the same data (bench/_train_jobs.py):
   variable read per closure; changes the training semantics, see README);
 * ``keras_distrib_local_steps``: the same with the opt-in ``ps_local_steps=True`` (K local
   steps per closure, one read and one packed update of weights and optimizer state;
-  exactly sequential training with this one worker, see README).
+  exactly sequential training with this one worker, see README);
+* ``keras_distrib_local_steps_2k``: the same with 2K steps per closure (half the
+  synchronisations; the single-process reference keeps K).
 
 Rows: each side's steps/s against one process, then the step time split into its
 increments (compute, variable read, gradient send + apply, trainer bookkeeping =
@@ -39,7 +41,10 @@ from _train_jobs import each_model, launch_result, model_runs, training_parser
 from ps_throughput import STEPS
 
 SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib",
-         "keras_distrib_exact_epochs", "keras_distrib_stale_reads", "keras_distrib_local_steps"]
+         "keras_distrib_exact_epochs", "keras_distrib_stale_reads", "keras_distrib_local_steps",
+         "keras_distrib_local_steps_2k"]
+#: Sides that run more than K steps per closure (a factor of K).
+K_FACTOR = {"keras_distrib_local_steps_2k": 2}
 #: (label of the increment, side with it, side without it)
 INCREMENTS = [
     ("compute (worker, local variables)", "ps_chunk_compute", None),
@@ -58,7 +63,7 @@ def breakdown(rates: dict[str, list[float]], cpu: dict[str, list[float]], k: int
         delta = ms[side] - (ms[base] if base else 0.0)
         lines.append(f"    {label}: {delta:+.2f} ms/step (total {ms[side]:.2f})")
     for side in SIDES[1:]:
-        closures = statistics.median(rates[side]) / k
+        closures = statistics.median(rates[side]) / (k * K_FACTOR.get(side, 1))
         chief = statistics.median(cpu.get(side, [float("nan")]))
         lines.append(f"    {side}: {closures:.1f} closures/s, chief CPU {chief:.2f} ms per closure "
                      f"({chief * closures / 10:.0f}% of a core)")

@@ -79,7 +79,7 @@ Design notes (why):
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from .. import data as kd_data
 from . import _private_apis as private
@@ -431,6 +431,22 @@ class ParameterServerTrainer(Trainer):
         # Enough closures in flight to keep every worker busy while the chief fetches.
         return 4 * self.num_workers
 
+    def _scheduler(self, fn: Any, iterator: Any) -> Callable[..., Any]:
+        """``schedule(*constants)``: ``fn(iterator, shard ids, *constants)`` on a free worker.
+
+        Each trace (one per distinct ``constants``: the closure size, ...) is looked up once
+        here, not by the coordinator for every closure (`_private_apis.scheduled_concrete_function`).
+        """
+        traces: dict[tuple[Any, ...], Any] = {}
+
+        def schedule(*constants: Any) -> Any:
+            args = (iterator, self._shard_ids, *constants)
+            if constants not in traces:
+                traces[constants] = private.scheduled_concrete_function(self.coordinator, fn, args)
+            return self.coordinator.schedule(traces[constants], args=args)
+
+        return schedule
+
     def _run(self, inp: PerWorkerInput, epoch: int, *, training: bool, steps: int | None,
              hooks: ChunkHooks) -> Totals:
         """Schedule closures of K steps until the epoch is complete (see the module docstring)."""
@@ -466,12 +482,13 @@ class ParameterServerTrainer(Trainer):
             if out["steps"]:
                 hooks.after(totals.steps - 1, totals)
 
+        schedule = self._scheduler(fn, iterator)
         stopped = False
         while True:
             while not stopped and not complete() and len(pending) < self._window():
                 n = k if steps is None else min(k, steps - scheduled)
                 hooks.before(totals.steps + sum(m for m, _ in pending))
-                pending.append((n, self.coordinator.schedule(fn, args=(iterator, self._shard_ids, n, inp.endless))))
+                pending.append((n, schedule(n, inp.endless)))
                 scheduled += n
             if not pending:
                 break
@@ -525,7 +542,7 @@ class ParameterServerTrainer(Trainer):
 
         inp = self._input(source, batch_size=batch_size, shuffle=False, seed=None, repeat=False)
         fn = self._make_predict_fn(ordered.output_spec(self.model, inp.sample.element_spec))
-        iterator = inp.iterator(0)
+        schedule = self._scheduler(fn, inp.iterator(0))
         k = min(self.steps_per_execution, MAX_UNROLLED_STEPS)
         parts: list[tuple[Any, Any]] = []
         pending: deque = deque()
@@ -540,7 +557,7 @@ class ParameterServerTrainer(Trainer):
 
         while True:
             while not complete() and len(pending) < self._window():
-                pending.append(self.coordinator.schedule(fn, args=(iterator, self._shard_ids, k)))
+                pending.append(schedule(k))
             if not pending:
                 break
             out = pending.popleft().fetch()
