@@ -38,6 +38,10 @@ Design notes (why):
   known) or every shard reported exhaustion. Closures that land on an exhausted worker
   return at once. With ``steps_per_epoch`` the iterators repeat and exactly that many
   steps run per epoch.
+* Scheduling: closures are scheduled as ConcreteFunctions looked up once per epoch
+  (`_scheduler`); given the tf.function, ``ClusterCoordinator.schedule`` looks the trace
+  up for every closure (cProfile of the chief, 100 closures under load: 3.7 -> 0.44 ms
+  per closure in ``schedule``).
 * Closure results: every closure returns its loss/count/steps/metric-state sums packed
   into one float64 vector, because the chief pays one remote copy per fetched tensor
   (5 tensors -> 1: chief CPU in the timed epoch of bench/ps_throughput.py mlp 18% ->
