@@ -24,6 +24,11 @@ Every child of an agent gets these variables:
 ``CUDA_VISIBLE_DEVICES``       the GPUs the plan gives this process (empty: none).
 ``PYTHONUNBUFFERED``           ``1``, so output reaches the agent line by line.
 ``TF_CPP_MIN_LOG_LEVEL``       ``2`` unless the user set it or passed ``--verbose``.
+``TF_NUM_INTEROP_THREADS``     ``2`` when the process may use only one CPU (its affinity:
+                               ``srun --cpus-per-task=1``, ``taskset``), unless the user set
+                               it. TensorFlow sizes its inter-op pool by the CPUs it may use,
+                               and with one thread the parameter-server layouts deadlock
+                               (measured: no step in 300 s; with 2 threads they train).
 =============================  ==============================================================
 
 The plan file lives in a private directory of the agent (mode 0700), one per node, and
@@ -50,6 +55,9 @@ LOG_LEVEL_VAR = "TF_CPP_MIN_LOG_LEVEL"
 # Linux's MAX_ARG_STRLEN is 32 pages (131,072 bytes) for "NAME=value\0"; stay well below
 # so the rest of the environment and argv (ARG_MAX) keep room.
 TF_CONFIG_LIMIT = 131_072 - len("TF_CONFIG=") - 1
+INTEROP_THREADS_VAR = "TF_NUM_INTEROP_THREADS"
+#: The fewest inter-op threads a child gets (see the table above).
+MIN_INTEROP_THREADS = 2
 # Hides TensorFlow's C++ INFO and WARNING lines (oneDNN, cuInit, CUDA drivers) in children.
 QUIET_LOG_LEVEL = "2"
 PLAN_FILE_NAME = "plan.json"

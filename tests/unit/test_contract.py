@@ -160,3 +160,11 @@ def test_a_quiet_child_that_fails_shows_its_last_lines(tmp_path: Path) -> None:
     assert "failed with exit code 3; its last lines:" in text and text.rstrip().endswith("the reason")
     out, rc = _spawned_output("print('fine')", tmp_path, quiet=True)
     assert (out, rc) == (b"", 0)
+
+
+def test_a_child_on_one_cpu_gets_two_interop_threads() -> None:
+    # One inter-op thread deadlocks the ps layouts (no step in 300 s under taskset -c 1).
+    proc = build_plan(job_of(1), "ps-per-node").processes[0]
+    assert child_env({}, {}, proc, cpus=1)["TF_NUM_INTEROP_THREADS"] == "2"
+    assert child_env({"TF_NUM_INTEROP_THREADS": "8"}, {}, proc, cpus=1)["TF_NUM_INTEROP_THREADS"] == "8"
+    assert "TF_NUM_INTEROP_THREADS" not in child_env({}, {}, proc, cpus=2)
