@@ -47,6 +47,9 @@ from . import requeue as requeue_job
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # How long an agent with no script waits for agent 0's stop order after SIGTERM/SIGINT.
 ORPHAN_STOP_WAIT = 30.0
+# How long SCRIPT may take to end after a forwarded SIGTERM/SIGINT (it saves a checkpoint
+# at its next step boundary) before the agent stops it: a hung SCRIPT never reaches one.
+SCRIPT_STOP_WAIT = 120.0
 
 
 def plan_digest(plan: Plan) -> str:
@@ -284,6 +287,11 @@ class Agent:
             return self.on_signal(event[1])
         if kind == "startup":
             return self.on_startup(event[1])
+        if kind == "script-stop-deadline":
+            say(self.spec.node, f"SCRIPT did not end within {SCRIPT_STOP_WAIT:.0f} s of the "
+                f"{signal.Signals(self.interrupted).name}; stopping every process (SIGKILL after "
+                f"{self.options.shutdown_grace:g} s).")
+            return self.stop(shell_exit_code(-self.interrupted))
         if kind == "stop-deadline":
             say(self.spec.node, f"no stop order from the first node within {ORPHAN_STOP_WAIT:.0f} s of the signal; stopping.")
             return shell_exit_code(-self.interrupted) if self.interrupted else 1
@@ -398,6 +406,10 @@ class Agent:
             if self.spec.agent_id == 0 or self.spec.local:
                 return self.stop(shell_exit_code(-signum))
             threading.Timer(ORPHAN_STOP_WAIT, lambda: self.events.put(("stop-deadline",))).start()
+        else:
+            deadline = threading.Timer(SCRIPT_STOP_WAIT, lambda: self.events.put(("script-stop-deadline",)))
+            deadline.daemon = True  # an agent that ended before it must not wait for it
+            deadline.start()
         return None
 
     # -- restarts (README "Resilience") -----------------------------------------------
