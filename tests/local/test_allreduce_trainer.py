@@ -71,6 +71,17 @@ elif mode == "uneven":
     result.update(step=int(trainer_for(model, strategy).global_step.numpy()), eval=logs,
                   local_accuracy=float(np.mean(p.argmax(-1) == y)),
                   local_loss=float(np.mean(-np.log(np.clip(p[np.arange(len(y)), y], 1e-7, 1)))))
+    # BatchNorm statistics: each worker updates its own from its own batches; every epoch
+    # end gives all of them worker 0's (what the chief saves), so evaluate == saved model.
+    def bn_model():
+        m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16), keras.layers.BatchNormalization(),
+                              keras.layers.Activation("relu"), keras.layers.Dense(10, activation="softmax")])
+        m.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return m
+    bn = placement.build(bn_model, strategy)
+    keras_distrib.fit(bn, (x, y), epochs=1, batch_size=30, verbose=0, strategy=strategy)
+    result["bn_state"] = hashlib.sha256(b"".join(np.asarray(v.value).tobytes()
+                                                 for v in bn.non_trainable_variables)).hexdigest()
     try:  # the parameter-server-only option is refused with a hint
         keras_distrib.fit(model, (x, y), epochs=1, verbose=0, strategy=strategy, ps_stale_reads=True)
     except TrainerError as exc:
@@ -147,6 +158,11 @@ def test_uneven_data_three_workers_no_hang_nothing_dropped(uneven_results: list[
         assert r["eval"]["loss"] == pytest.approx(r["local_loss"], rel=1e-4)
         assert "ps_stale_reads=True needs a parameter-server layout" in r["stale_reads_error"]
         assert "HINT: drop ps_stale_reads" in r["stale_reads_error"]
+
+
+def test_batchnorm_statistics_are_worker_zeros_on_every_worker(uneven_results: list[dict[str, Any]]) -> None:
+    """After fit every worker holds worker 0's moving statistics (what the chief saves)."""
+    assert len({r["bn_state"] for r in uneven_results}) == 1
 
 
 def test_predict_grid_every_worker_gets_all_rows_in_order(uneven_results: list[dict[str, Any]]) -> None:
