@@ -243,12 +243,13 @@ class AllReduceTrainer(Trainer):
             self._fns[key] = self._make_fn(training, full_batch)
         return self._fns[key]
 
-    def _after_train_epoch(self) -> None:
-        """Every worker takes worker 0's layer state (BatchNorm's moving statistics).
+    def _share_epoch_state(self) -> None:
+        """Every replica takes replica 0's layer state (BatchNorm's moving statistics).
 
-        Each worker updates its own copy from its own batches; worker 0's is the one the
-        chief saves, so after this validation, ``evaluate`` and the saved model agree (they
-        differed by one example of 333 on a BatchNorm model with 2 workers).
+        Each worker (each local replica) updates its own copy from its own batches; replica
+        0's, on worker 0, is the one the chief saves, so after this validation,
+        ``evaluate`` and the saved model agree (they differed by one example of 333 on a
+        BatchNorm model with 2 workers). Replica 0 is never padded (longest shard).
         """
         import tensorflow as tf
 
@@ -256,19 +257,18 @@ class AllReduceTrainer(Trainer):
         if not state:
             return
         if self._share_state_fn is None:
-            local_replicas = len(self.strategy.extended.worker_devices)
+            def replica_values() -> list[Any]:
+                # A sum over every replica in which only replica 0's values count.
+                first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+                return [tf.convert_to_tensor(v) * tf.cast(first, v.dtype) for v in state]
 
             @tf.function
-            def share(weight: Any) -> None:
-                # A sum over every replica where only worker 0's replicas count, 1/local each.
-                summed = _sum_over_workers(self.strategy, self.strategy.run(
-                    lambda: [tf.convert_to_tensor(v) * tf.cast(weight, v.dtype) for v in state]))
-                for v, value in zip(state, summed):
+            def share() -> None:
+                for v, value in zip(state, _sum_over_workers(self.strategy, self.strategy.run(replica_values))):
                     v.assign(value)
 
-            self._share_state_fn = (share, local_replicas)
-        share, local_replicas = self._share_state_fn
-        share(tf.constant((1.0 if self.is_chief else 0.0) / local_replicas, tf.float64))
+            self._share_state_fn = share
+        self._share_state_fn()
 
     def _agree(self, flag: bool) -> bool:
         """True on every worker if any worker's callbacks asked to stop."""

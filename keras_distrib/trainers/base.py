@@ -7,7 +7,7 @@ the backend trainers supply the step). Subclasses supply:
   and ``sample`` (a local dataset to build metrics from);
 * ``_run(inp, epoch, training, steps, hooks)``: run one epoch (or ``steps``) of the
   input and return the `Totals`, calling ``hooks`` at every scheduled-function boundary;
-* ``global_step``, ``is_chief`` and ``_after_train_epoch``.
+* ``global_step``, ``is_chief``, ``_after_train_epoch`` and ``_share_epoch_state``.
 
 Epoch rule (both layouts): an epoch is every example of every worker's shard exactly
 once (``steps_per_epoch`` not given). Each worker batches its own shard, so the final
@@ -123,6 +123,9 @@ class Trainer:
 
     def _after_train_epoch(self) -> None:
         """Called once an epoch's training steps are all done (before validation)."""
+
+    def _share_epoch_state(self) -> None:
+        """Called by every process in ``fit`` after `_after_train_epoch` (a collective may run)."""
 
     def _agree(self, flag: bool) -> bool:
         """``flag`` made the same on every process that runs this loop (all-reduce)."""
@@ -326,6 +329,7 @@ class Trainer:
             totals = self._run(train, epoch, training=True, steps=steps,
                                hooks=self._hooks(cbs, epoch, training=True))
             self._after_train_epoch()
+            self._share_epoch_state()
             seconds = time.perf_counter() - start
             stats = {"epoch": epoch, "seconds": seconds, "steps": totals.steps,
                      "steps_per_sec": totals.steps / max(seconds, 1e-9),

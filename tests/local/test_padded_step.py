@@ -9,7 +9,7 @@ Reference: single-process Keras ``train_on_batch`` over the same examples, same 
 weights, SGD without momentum. BatchNorm: per-replica batch statistics (Keras' default,
 ``synchronized=False``), so the trainable weights match only when one replica holds all of
 a step's examples; the moving statistics read from the model (replica 0, worker 0: never
-padded) match; the padded replica's own copy absorbs the padding example (not saved).
+padded) match, and at the epoch end every replica takes replica 0's.
 """
 
 from __future__ import annotations
