@@ -62,7 +62,7 @@ def probe(proc: Process, remote_devices: list[str], repeats: int = 5) -> CheckRo
 
 
 def main() -> int:
-    if os.environ.get("KERAS_DISTRIB_LAYOUT") in JAX_LAYOUTS:  # every process joins a cross-process sum
+    if contract.layout(os.environ) in JAX_LAYOUTS:  # every process joins a cross-process sum
         from .jax_check import main as jax_main
 
         return jax_main()

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .checkpoint_interval import DEFAULT_EVERY, Interval, IntervalError, parse_interval
+from . import contract
 from .contract import CHECKPOINT_EVERY_VAR, PREEMPTED_EXIT_CODE
 
 #: Complete checkpoints kept in the directory.
@@ -279,7 +280,7 @@ class Checkpointer:
         self.store = CheckpointStore(directory, writer=writer, keep=keep)
         self.tf_checkpoint = tf_checkpoint
         self.signature = model_signature(model)
-        self.layout = layout if layout is not None else os.environ.get("KERAS_DISTRIB_LAYOUT")
+        self.layout = layout if layout is not None else contract.layout(os.environ)
         self.interval = interval if interval is not None else interval_from_env()
         self.show = writer if show is None else show
         self.steps_per_epoch: int | None = None

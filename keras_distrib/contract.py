@@ -1,35 +1,14 @@
 """The agent-to-child contract: everything the launcher passes to a process it starts.
 
-Written by the agent (``child_variables``, ``write_plan_file``) and read by the script
-side (``read_plan``, ``read_task``, ``read_tf_cluster``) in this one module, so the two
-sides cannot drift apart. Pure Python: imports neither TensorFlow nor the launcher.
+Written by the agent (``child_env``, ``write_plan_file``) and read by the script side
+(``read_plan``, ``read_task``, ``read_tf_cluster``) in this one module, so the two sides
+cannot drift apart. Pure Python: imports neither TensorFlow nor the launcher (nor, at
+run time, the plan: ``plan.py`` uses ``jax_variables`` here).
 
-Every child of an agent gets these variables:
-
-=============================  ==============================================================
-``KERAS_DISTRIB_PLAN_FILE``    path of the whole plan as JSON (``Plan.to_json()``): the
-                               cluster, every process, layout, scheduler, job id. A file,
-                               because Linux refuses any one variable over 128 KiB
-                               (MAX_ARG_STRLEN): the plan passes that near 650 nodes.
-``KERAS_DISTRIB_TASK``         this process's task, ``JOB:INDEX`` (``worker:3``).
-``KERAS_DISTRIB_NODE``         the node it runs on (the scheduler's name).
-``KERAS_DISTRIB_LAYOUT``       the layout (``ps-per-node``, ``worker-per-gpu``, ``allreduce``).
-``KERAS_DISTRIB_PROTOCOL``     TF server protocol (``grpc``).
-``KERAS_DISTRIB_STARTUP_TIMEOUT``  seconds to wait for the other tasks.
-``TF_CONFIG``                  TensorFlow's own variable, for code that reads it directly
-                               (legacy path): set only while it fits under
-                               ``TF_CONFIG_LIMIT`` bytes (about 3,600 nodes of 8-character names in the ps
-                               layouts, 7,200 in allreduce); above that it is absent and
-                               only the plan file describes the cluster.
-``CUDA_VISIBLE_DEVICES``       the GPUs the plan gives this process (empty: none).
-``PYTHONUNBUFFERED``           ``1``, so output reaches the agent line by line.
-``TF_CPP_MIN_LOG_LEVEL``       ``2`` unless the user set it or passed ``--verbose``.
-``TF_NUM_INTEROP_THREADS``     ``2`` when the process may use only one CPU (its affinity:
-                               ``srun --cpus-per-task=1``, ``taskset``), unless the user set
-                               it. TensorFlow sizes its inter-op pool by the CPUs it may use,
-                               and with one thread the parameter-server layouts deadlock
-                               (measured: no step in 300 s; with 2 threads they train).
-=============================  ==============================================================
+``child_env`` is the one function that builds a child's environment, and ``VARIABLES``
+the one table of every variable it may set (docs/launcher-internals.md shows the same
+table; tests/unit/test_contract.py compares them, and checks that no other module spells
+one of these names as a literal: they use the constants below).
 
 The plan file lives in a private directory of the agent (mode 0700), one per node, and
 is removed when the agent ends.
@@ -42,7 +21,12 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .network import is_ip_address
+
+if TYPE_CHECKING:  # annotations only: plan.py imports this module
+    from .plan import Plan, Process
 
 PLAN_FILE_VAR = "KERAS_DISTRIB_PLAN_FILE"
 TASK_VAR = "KERAS_DISTRIB_TASK"
@@ -50,17 +34,78 @@ NODE_VAR = "KERAS_DISTRIB_NODE"
 LAYOUT_VAR = "KERAS_DISTRIB_LAYOUT"
 PROTOCOL_VAR = "KERAS_DISTRIB_PROTOCOL"
 STARTUP_TIMEOUT_VAR = "KERAS_DISTRIB_STARTUP_TIMEOUT"
+CHECKPOINT_EVERY_VAR = "KERAS_DISTRIB_CHECKPOINT_EVERY"
+KD_LOG_LEVEL_VAR = "KERAS_DISTRIB_LOG_LEVEL"
 TF_CONFIG_VAR = "TF_CONFIG"
+CUDA_DEVICES_VAR = "CUDA_VISIBLE_DEVICES"
+UNBUFFERED_VAR = "PYTHONUNBUFFERED"
 LOG_LEVEL_VAR = "TF_CPP_MIN_LOG_LEVEL"
+INTEROP_THREADS_VAR = "TF_NUM_INTEROP_THREADS"
+NCCL_IFNAME_VAR = "NCCL_SOCKET_IFNAME"
+KERAS_BACKEND_VAR = "KERAS_BACKEND"
+JAX_ADDRESSES_VAR = "KERAS_DISTRIBUTION_JOB_ADDRESSES"
+JAX_NUM_PROCESSES_VAR = "KERAS_DISTRIBUTION_NUM_PROCESSES"
+JAX_PROCESS_ID_VAR = "KERAS_DISTRIBUTION_PROCESS_ID"
+GPU_GROWTH_VAR = "TF_FORCE_GPU_ALLOW_GROWTH"
+JAX_PREEMPTION_VAR = "JAX_ENABLE_PREEMPTION_SERVICE"
+JAX_DEVICE_IDS_VAR = "JAX_LOCAL_DEVICE_IDS"
+JAX_BIND_VAR = "JAX_COORDINATOR_BIND_ADDRESS"
+
+#: Every variable ``child_env`` may set, with what it holds: the one table of the contract.
+VARIABLES: dict[str, str] = {
+    PLAN_FILE_VAR: "path of the whole plan as JSON (`Plan.to_json()`): the cluster, every process, layout, "
+                   "scheduler, job id. A file, because Linux refuses any one variable over 128 KiB "
+                   "(MAX_ARG_STRLEN): the plan passes that near 650 nodes.",
+    TASK_VAR: "this process's task, `JOB:INDEX` (`worker:3`).",
+    NODE_VAR: "the node it runs on (the scheduler's name).",
+    LAYOUT_VAR: "the layout (`ps-per-node`, `worker-per-gpu`, `allreduce`, `jax`, `jax-per-gpu`).",
+    PROTOCOL_VAR: "TF server protocol (`grpc`).",
+    STARTUP_TIMEOUT_VAR: "seconds to wait for the other tasks (`--startup-timeout`).",
+    CHECKPOINT_EVERY_VAR: "the mid-epoch checkpoint interval, only when `--checkpoint-every` is given.",
+    KD_LOG_LEVEL_VAR: "`DEBUG` with `--verbose`, unless set; otherwise as the agent got it (keras_distrib's "
+                      "own log level in the child).",
+    TF_CONFIG_VAR: "TensorFlow's own variable, for code that reads it directly (legacy path): set only while it "
+                   "fits under `TF_CONFIG_LIMIT` bytes (about 3,600 nodes of 8-character names in the ps layouts, "
+                   "7,200 in allreduce); above that it is absent (a stale one from the shell is removed) and only "
+                   "the plan file describes the cluster.",
+    CUDA_DEVICES_VAR: "the GPUs the plan gives this process (empty: none; TensorFlow's resolver cannot hide "
+                      "GPUs from ps and chief processes, tensorflow#56894).",
+    UNBUFFERED_VAR: "`1`, so output reaches the agent line by line.",
+    LOG_LEVEL_VAR: "`2` unless the user set it or passed `--verbose` (TensorFlow's C++ INFO/WARNING lines).",
+    INTEROP_THREADS_VAR: "`2` when the process may use only one CPU (its affinity: `srun --cpus-per-task=1`, "
+                         "`taskset`), unless the user set it. TensorFlow sizes its inter-op pool by the CPUs it "
+                         "may use, and with one thread the parameter-server layouts deadlock (measured: no step "
+                         "in 300 s; with 2 threads they train).",
+    NCCL_IFNAME_VAR: "allreduce with `--interface`: NCCL's bootstrap and socket transport use that network, "
+                     "unless set.",
+    KERAS_BACKEND_VAR: "jax layouts: `jax`.",
+    JAX_ADDRESSES_VAR: "jax layouts: the coordinator's address (process 0, on its plan port) alone: a list of "
+                       "every address would make each variable, and the plan, grow with the job.",
+    JAX_NUM_PROCESSES_VAR: "jax layouts: the number of processes.",
+    JAX_PROCESS_ID_VAR: "jax layouts: this process's index.",
+    GPU_GROWTH_VAR: "jax layouts: `true`; TensorFlow (for tf.data) would otherwise reserve most of every "
+                    "visible GPU's memory.",
+    JAX_PREEMPTION_VAR: "jax layouts: `false`. JAX's preemption service catches SIGTERM and waits for the "
+                        "training loop to call `reached_preemption_sync_point`, which `model.fit` never does: "
+                        "the forwarded SIGTERM would be swallowed.",
+    JAX_DEVICE_IDS_VAR: "jax layouts with GPUs: every GPU of the process, numbered as CUDA sees them once "
+                        "`CUDA_VISIBLE_DEVICES` holds the plan's ids; without it JAX under Slurm would keep one "
+                        "GPU per process (SLURM_LOCALID).",
+    JAX_BIND_VAR: "jax layouts, process 0, when hosts are IP addresses (`--interface`, local mode): JAX's "
+                  "coordinator listens on that address instead of `[::]`.",
+}
+
 # Linux's MAX_ARG_STRLEN is 32 pages (131,072 bytes) for "NAME=value\0"; stay well below
 # so the rest of the environment and argv (ARG_MAX) keep room.
 TF_CONFIG_LIMIT = 131_072 - len("TF_CONFIG=") - 1
-INTEROP_THREADS_VAR = "TF_NUM_INTEROP_THREADS"
 #: The fewest inter-op threads a child gets (see the table above).
 MIN_INTEROP_THREADS = 2
 # Hides TensorFlow's C++ INFO and WARNING lines (oneDNN, cuInit, CUDA drivers) in children.
 QUIET_LOG_LEVEL = "2"
 PLAN_FILE_NAME = "plan.json"
+# Resilience: the script's exit code after a checkpoint taken on SIGUSR1/SIGTERM (EX_TEMPFAIL:
+# "try again later"), which the agent turns into a requeue.
+PREEMPTED_EXIT_CODE = 75
 
 
 def write_plan_file(plan_json: str, directory: str | None = None) -> Path:
@@ -95,27 +140,85 @@ def tf_config_json(cluster: Mapping[str, list[str]] | str, job: str, index: int)
     return f'{{"cluster": {encoded}, "task": {json.dumps({"type": job, "index": index})}}}'
 
 
-def child_variables(
+def child_env(
+    base: Mapping[str, str],
+    plan: Plan,
+    proc: Process,
     plan_file: Path,
-    task: tuple[str, int],
-    node: str,
-    layout: str,
-    protocol: str,
+    *,
     startup_timeout: float,
-    tf_config: str | None,
+    verbose: bool = False,
+    checkpoint_every: str | None = None,
+    interface: str | None = None,
+    cluster_json: str | None = None,
+    cpus: int | None = None,
 ) -> dict[str, str]:
-    """The keras_distrib variables of one child (TF_CONFIG only when it fits)."""
-    variables = {
+    """The whole environment of one child: ``base`` (the agent's) plus the ``VARIABLES``.
+
+    ``cluster_json``: the plan's cluster already JSON-encoded (an agent encodes it once for
+    all its children); ``cpus``: the CPUs the child may use (default this process's
+    affinity, which children inherit).
+    """
+    env = dict(base)
+    # A stale TF_CONFIG from the user's shell must not survive when the plan's is too big.
+    env.pop(TF_CONFIG_VAR, None)
+    env.update({
         PLAN_FILE_VAR: str(plan_file),
-        TASK_VAR: f"{task[0]}:{task[1]}",
-        NODE_VAR: node,
-        LAYOUT_VAR: layout,
-        PROTOCOL_VAR: protocol,
+        TASK_VAR: proc.name,
+        NODE_VAR: proc.node,
+        LAYOUT_VAR: plan.layout,
+        PROTOCOL_VAR: plan.protocol,
         STARTUP_TIMEOUT_VAR: str(startup_timeout),
+        # Our ids are the ones the scheduler gave; an empty value hides every GPU, which
+        # is what ps and chief processes need (tensorflow#56894: TF's resolver can't).
+        CUDA_DEVICES_VAR: ",".join(proc.gpus),
+        UNBUFFERED_VAR: "1",
+    })
+    cluster = cluster_json if cluster_json is not None else json.dumps(plan.cluster_spec())
+    if len(cluster) < TF_CONFIG_LIMIT:  # cheap test first: the cluster alone may not fit
+        tf_config = tf_config_json(cluster, proc.job, proc.index)
+        if len(tf_config) <= TF_CONFIG_LIMIT:
+            env[TF_CONFIG_VAR] = tf_config
+    if verbose:
+        env.setdefault(KD_LOG_LEVEL_VAR, "DEBUG")
+    else:
+        # One chatty C++ logger per process on a shared terminal is noise; users may override.
+        env.setdefault(LOG_LEVEL_VAR, QUIET_LOG_LEVEL)
+    if (len(os.sched_getaffinity(0)) if cpus is None else cpus) < MIN_INTEROP_THREADS:
+        env.setdefault(INTEROP_THREADS_VAR, str(MIN_INTEROP_THREADS))
+    if checkpoint_every is not None:
+        env[CHECKPOINT_EVERY_VAR] = str(checkpoint_every)
+    if interface and plan.layout == "allreduce":
+        env.setdefault(NCCL_IFNAME_VAR, interface)
+    env.update(jax_variables(plan, proc))
+    return env
+
+
+def jax_variables(plan: Plan, proc: Process) -> dict[str, str]:
+    """The variables a process of a jax layout needs (see ``VARIABLES``); empty for the others.
+
+    ``keras.distribution.initialize()`` reads the KERAS_DISTRIBUTION_* ones; the
+    coordinator is process 0 (every process of a jax layout is a worker).
+    """
+    if not plan.is_jax:
+        return {}
+    workers = sorted(plan.processes, key=lambda p: p.index)
+    coordinator = workers[0]
+    env = {
+        KERAS_BACKEND_VAR: "jax",
+        JAX_ADDRESSES_VAR: coordinator.address,
+        JAX_NUM_PROCESSES_VAR: str(len(workers)),
+        JAX_PROCESS_ID_VAR: str(proc.index),
+        GPU_GROWTH_VAR: "true",
+        JAX_PREEMPTION_VAR: "false",
     }
-    if tf_config is not None and len(tf_config) <= TF_CONFIG_LIMIT:
-        variables[TF_CONFIG_VAR] = tf_config
-    return variables
+    if proc.gpus:
+        env[JAX_DEVICE_IDS_VAR] = ",".join(str(i) for i in range(len(proc.gpus)))
+    if proc.index == coordinator.index and is_ip_address(coordinator.host):
+        # JAX's coordinator listens on [::]:port unless told; with --interface (or in
+        # local mode) it listens on the chosen address only.
+        env[JAX_BIND_VAR] = coordinator.address
+    return env
 
 
 def in_job(env: Mapping[str, str]) -> bool:
@@ -156,7 +259,8 @@ def protocol(env: Mapping[str, str]) -> str:
 
 def startup_timeout(env: Mapping[str, str]) -> float:
     return float(env.get(STARTUP_TIMEOUT_VAR, "180"))
-# Resilience: the script's exit code after a checkpoint taken on SIGUSR1/SIGTERM (EX_TEMPFAIL:
-# "try again later"), which the agent turns into a requeue; and the checkpoint interval.
-PREEMPTED_EXIT_CODE = 75
-CHECKPOINT_EVERY_VAR = "KERAS_DISTRIB_CHECKPOINT_EVERY"
+
+
+def layout(env: Mapping[str, str]) -> str | None:
+    """The job's layout, or None outside a launched job."""
+    return env.get(LAYOUT_VAR) or None

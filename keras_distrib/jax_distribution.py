@@ -23,8 +23,9 @@ import tempfile
 import threading
 from typing import Any
 
-from .contract import STARTUP_TIMEOUT_VAR
-from .plan import JAX_LAYOUTS, Process, is_ip_address
+from . import contract
+from .network import is_ip_address
+from .plan import JAX_LAYOUTS, Process
 from .strategies import NotInJobError, cluster
 
 # JAX's own start-up timeout is 300 s; ours (the launcher's watchdog) must speak first.
@@ -54,14 +55,14 @@ def distribution() -> Any:
     import jax
 
     env = os.environ
-    process_id = int(env["KERAS_DISTRIBUTION_PROCESS_ID"])
+    process_id = int(env[contract.JAX_PROCESS_ID_VAR])
     if process_id != 0:  # process 0's port is JAX's coordinator: listening there means joined
         _announce_joined(info.plan.find(info.job, info.index))
-    local_ids = env.get("JAX_LOCAL_DEVICE_IDS")
-    startup_timeout = float(env.get(STARTUP_TIMEOUT_VAR, "180"))
+    local_ids = env.get(contract.JAX_DEVICE_IDS_VAR)
+    startup_timeout = contract.startup_timeout(env)
     jax.distributed.initialize(
-        coordinator_address=env["KERAS_DISTRIBUTION_JOB_ADDRESSES"].split(",")[0],
-        num_processes=int(env["KERAS_DISTRIBUTION_NUM_PROCESSES"]),
+        coordinator_address=env[contract.JAX_ADDRESSES_VAR].split(",")[0],
+        num_processes=int(env[contract.JAX_NUM_PROCESSES_VAR]),
         process_id=process_id,
         local_device_ids=[int(i) for i in local_ids.split(",")] if local_ids else None,
         # The plan is complete: JAX's Slurm detection would keep one GPU per process.

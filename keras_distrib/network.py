@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import time
 from collections.abc import Iterable
+
+
+def is_ip_address(host: str) -> bool:
+    """True for a literal IPv4/IPv6 address, False for a host name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def is_listening(address: str, timeout: float = 1.0) -> bool:

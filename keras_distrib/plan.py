@@ -6,7 +6,6 @@ description, without talking to the others. Never imports TensorFlow.
 
 from __future__ import annotations
 
-import ipaddress
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +13,8 @@ from functools import cached_property
 from typing import Any
 
 from cluster_parsers import ClusterConfigError, JobInfo
+
+from .contract import jax_variables
 
 # Derived ports live below Linux's ephemeral range (32768-60999) so outgoing
 # connections of other programs cannot take them first.
@@ -98,6 +99,11 @@ class Plan:
         return self.layout == "allreduce" or self.layout in JAX_LAYOUTS
 
     @property
+    def is_jax(self) -> bool:
+        """Keras 3 on JAX with keras.distribution (jax, jax-per-gpu)."""
+        return self.layout in JAX_LAYOUTS
+
+    @property
     def script_runners(self) -> list[Process]:
         """The processes that run the user's script (the chief, or every process of a synchronous layout)."""
         return [p for p in self.processes if self.runs_script(p)]
@@ -115,7 +121,7 @@ class Plan:
             "cluster": self.cluster_spec(),
             "processes": [
                 {"node": p.node, "job": p.job, "index": p.index, "address": p.address, "gpus": list(p.gpus)}
-                | ({"env": jax_env(self, p)} if self.layout in JAX_LAYOUTS else {})
+                | ({"env": jax_variables(self, p)} if self.is_jax else {})
                 for p in self.processes
             ],
         }
@@ -146,49 +152,6 @@ def node_roles(layout: str, node_index: int, gpus: Sequence[str]) -> list[tuple[
     if layout == "jax-per-gpu":
         return [(WORKER, (g,)) for g in gpus] or [(WORKER, ())]
     raise ClusterConfigError(f"layout={layout!r} is unknown.", "use ps-per-node, worker-per-gpu, allreduce, jax or jax-per-gpu.")
-
-
-def jax_env(plan: Plan, proc: Process) -> dict[str, str]:
-    """The variables a process of a jax layout needs; empty for the other layouts.
-
-    ``keras.distribution.initialize()`` reads the KERAS_DISTRIBUTION_* ones; the
-    coordinator is process 0, on its plan port. JAX_LOCAL_DEVICE_IDS lists every
-    GPU of the process, numbered as CUDA sees them once CUDA_VISIBLE_DEVICES holds the
-    plan's ids; without it JAX under Slurm would keep one GPU per process (SLURM_LOCALID).
-    """
-    if plan.layout not in JAX_LAYOUTS:
-        return {}
-    workers = sorted((p for p in plan.processes if p.job == WORKER), key=lambda p: p.index)
-    coordinator = workers[0]
-    env = {
-        "KERAS_BACKEND": "jax",
-        # The coordinator alone (Keras accepts it): a list of every address would make
-        # each variable, and the JSON plan, grow with the job.
-        "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator.address,
-        "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(workers)),
-        "KERAS_DISTRIBUTION_PROCESS_ID": str(proc.index),
-        # TensorFlow (for tf.data) would otherwise reserve most of every visible GPU's memory.
-        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
-        # JAX's preemption service catches SIGTERM and waits for the training loop to call
-        # multihost_utils.reached_preemption_sync_point, which model.fit never does: the
-        # forwarded SIGTERM (scancel, Ctrl-C of the launcher) would be swallowed.
-        "JAX_ENABLE_PREEMPTION_SERVICE": "false",
-    }
-    if proc.gpus:
-        env["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(i) for i in range(len(proc.gpus)))
-    if proc.index == coordinator.index and is_ip_address(coordinator.host):
-        # JAX's coordinator listens on [::]:port unless told; with --interface (or in
-        # local mode) it listens on the chosen address only.
-        env["JAX_COORDINATOR_BIND_ADDRESS"] = coordinator.address
-    return env
-
-
-def is_ip_address(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def derive_port_base(job_id: str, override: int | None = None) -> int:

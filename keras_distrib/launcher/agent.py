@@ -32,11 +32,11 @@ from typing import Any
 from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
 
 from . import control
-from .children import Child, OutputFilter, child_env, describe_exit, shell_exit_code, spawn
+from .children import Child, OutputFilter, describe_exit, shell_exit_code, spawn
 from .. import contract
-from ..contract import CHECKPOINT_EVERY_VAR, PREEMPTED_EXIT_CODE
+from ..contract import PREEMPTED_EXIT_CODE
 from ..network import wait_reachable
-from ..plan import CHIEF, JAX_LAYOUTS, Plan, Process, build_plan, jax_env, process_for_task
+from ..plan import CHIEF, JAX_LAYOUTS, Plan, Process, build_plan, process_for_task
 from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
 from .options import Options
@@ -146,18 +146,11 @@ class Agent:
         # Encoded once per node: TF_CONFIG is only built when the cluster can fit in it.
         cluster_json = self.cluster_json or json.dumps(self.plan.cluster_spec())
         for proc in procs:
-            tf_config = contract.tf_config_json(cluster_json, proc.job, proc.index) if len(cluster_json) < contract.TF_CONFIG_LIMIT else None
-            variables = contract.child_variables(
-                self.plan_file, (proc.job, proc.index), proc.node, self.plan.layout, self.plan.protocol,
-                self.options.startup_timeout, tf_config,
+            env = contract.child_env(
+                os.environ, self.plan, proc, self.plan_file, startup_timeout=self.options.startup_timeout,
+                verbose=self.options.verbose, checkpoint_every=self.options.checkpoint_every,
+                interface=self.options.interface, cluster_json=cluster_json,
             )
-            env = child_env(os.environ, variables, proc, self.options.verbose)
-            env.update(jax_env(self.plan, proc))
-            if self.options.checkpoint_every is not None:
-                env[CHECKPOINT_EVERY_VAR] = str(self.options.checkpoint_every)
-            if self.options.interface and self.plan.layout == "allreduce":
-                # NCCL's bootstrap and socket transport use the same network (unless set).
-                env.setdefault("NCCL_SOCKET_IFNAME", self.options.interface)
             self.started_as[proc.name] = (self.argv_for(proc), env)
             self.children.append(
                 self.spawner(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit,

@@ -1,4 +1,4 @@
-"""Child processes of an agent: explicit env, prefixed unbuffered output, clean stop."""
+"""Child processes of an agent: prefixed unbuffered output, clean stop (their env: contract.child_env)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from ..contract import INTEROP_THREADS_VAR, LOG_LEVEL_VAR, MIN_INTEROP_THREADS, QUIET_LOG_LEVEL
 from ..plan import Process
 
 _PR_SET_PDEATHSIG = 1
@@ -202,27 +201,3 @@ def write_line(sink: BinaryIO, data: bytes) -> None:
     with _write_lock:
         sink.write(data)
         sink.flush()
-
-
-def child_env(base: Mapping[str, str], variables: Mapping[str, str], proc: Process, verbose: bool = False,
-              cpus: int | None = None) -> dict[str, str]:
-    """The explicit environment of one child: the agent's, the contract's ``variables``
-    (keras_distrib.contract.child_variables), its GPUs, the log level and, on one CPU
-    (``cpus``: default this process's affinity, which children inherit), a second
-    inter-op thread for TensorFlow."""
-    env = dict(base)
-    # A stale TF_CONFIG from the user's shell must not survive when the plan's is too big.
-    env.pop("TF_CONFIG", None)
-    env.update(variables)
-    env.update(
-        # Our ids are the ones the scheduler gave; an empty value hides every GPU, which
-        # is what ps and chief processes need (tensorflow#56894: TF's resolver can't).
-        CUDA_VISIBLE_DEVICES=",".join(proc.gpus),
-        PYTHONUNBUFFERED="1",
-    )
-    if not verbose:
-        # One chatty C++ logger per process on a shared terminal is noise; users may override.
-        env.setdefault(LOG_LEVEL_VAR, QUIET_LOG_LEVEL)
-    if (len(os.sched_getaffinity(0)) if cpus is None else cpus) < MIN_INTEROP_THREADS:
-        env.setdefault(INTEROP_THREADS_VAR, str(MIN_INTEROP_THREADS))
-    return env

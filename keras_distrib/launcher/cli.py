@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from cluster_parsers import FORCE_VAR, ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
 
 from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
+from ..contract import KERAS_BACKEND_VAR
 from ..plan import Plan, build_plan, check_task_counts, tasks_mode
 
 PROG_ERROR_PREFIX = "keras_distrib: error:"
@@ -62,7 +63,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
     config = load_config(args.config) if args.config else {}
     if args.config:
         options = options.merged(config)
-    if args.layout is None and "layout" not in config and environ.get("KERAS_BACKEND") == "jax":
+    if args.layout is None and "layout" not in config and environ.get(KERAS_BACKEND_VAR) == "jax":
         # Keras on JAX cannot use the TensorFlow layouts: the jax layout is the one that works.
         print("keras_distrib: KERAS_BACKEND=jax and no --layout given: using --layout jax.", file=sys.stderr)
         options = options.merged({"layout": "jax"})

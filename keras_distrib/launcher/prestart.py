@@ -11,6 +11,8 @@ import sys
 
 from cluster_parsers import ClusterConfigError
 
+from ..contract import LOG_LEVEL_VAR
+
 
 def protocol_error(protocol: str) -> str | None:
     """None when this TensorFlow build can serve ``protocol``, else TensorFlow's reason.
@@ -26,7 +28,7 @@ def protocol_error(protocol: str) -> str | None:
         "    print(exc)\n"
         "    sys.exit(1)\n"
     )
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = {**os.environ, LOG_LEVEL_VAR: "3"}
     result = subprocess.run([sys.executable, "-c", probe, protocol], env=env, capture_output=True, text=True)
     return None if result.returncode == 0 else (result.stdout or result.stderr).strip()
 

@@ -107,7 +107,7 @@ def _single_process(model: Any, strategy: Any) -> bool:
         import tensorflow as tf
 
         strategy = _model_strategy(model) or tf.distribute.get_strategy()
-    return strategy_kind(strategy) is None and not os.environ.get("KERAS_DISTRIB_LAYOUT")
+    return strategy_kind(strategy) is None and not contract.layout(os.environ)
 
 
 def _keras_fit(model: Any, *args: Any, seed: Any = None, checkpoint_dir: str | None = None, **kwargs: Any) -> Any:

@@ -47,9 +47,9 @@ def resolve_strategy(strategy: Any = None, allow: Sequence[str] = ("ps", "allred
             strategy = job_strategy()
     kind = _kind(strategy)
     if kind is None:
-        layout = os.environ.get("KERAS_DISTRIB_LAYOUT")
+        layout = contract.layout(os.environ)
         where = (
-            f"KERAS_DISTRIB_LAYOUT={layout!r} is set but no distribution strategy is active"
+            f"{contract.LAYOUT_VAR}={layout!r} is set but no distribution strategy is active"
             if layout
             else "this process is not part of a keras_distrib job (no TF_CONFIG / strategy)"
         )

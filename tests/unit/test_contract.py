@@ -13,7 +13,7 @@ import pytest
 
 from cluster_parsers import JobInfo
 from keras_distrib import contract
-from keras_distrib.launcher.children import OutputFilter, child_env, spawn
+from keras_distrib.launcher.children import OutputFilter, spawn
 from keras_distrib.plan import build_plan
 from keras_distrib.strategies import cluster
 
@@ -30,10 +30,8 @@ def env_for(nodes: int, layout: str, task: tuple[str, int], tmp_path: Path) -> d
     plan = build_plan(job_of(nodes), layout)
     data = plan.to_json()
     path = contract.write_plan_file(json.dumps(data), str(tmp_path))
-    variables = contract.child_variables(path, task, "node00000", layout, "grpc", 60.0,
-                                         contract.tf_config_json(data["cluster"], *task))
-    proc = plan.find(*task)
-    return child_env({"PATH": "/usr/bin", "TF_CONFIG": "stale"}, variables, proc)
+    return contract.child_env({"PATH": "/usr/bin", "TF_CONFIG": "stale"}, plan, plan.find(*task), path,
+                              startup_timeout=60.0)
 
 
 @pytest.mark.parametrize("layout", ["ps-per-node", "worker-per-gpu", "allreduce"])
@@ -55,10 +53,15 @@ def test_cluster_reads_the_plan_file_at_any_size(nodes: int, layout: str, tmp_pa
 
 
 def test_tf_config_is_set_exactly_while_it_fits(tmp_path: Path) -> None:
-    path = tmp_path / "plan.json"
-    fits = "x" * contract.TF_CONFIG_LIMIT
-    assert contract.child_variables(path, ("ps", 0), "n", "allreduce", "grpc", 1, fits)["TF_CONFIG"] == fits
-    assert "TF_CONFIG" not in contract.child_variables(path, ("ps", 0), "n", "allreduce", "grpc", 1, fits + "x")
+    plan = build_plan(job_of(1), "allreduce")
+    proc = plan.processes[0]
+    overhead = len(contract.tf_config_json("", proc.job, proc.index))
+    fits = '"' + "x" * (contract.TF_CONFIG_LIMIT - overhead - 2) + '"'
+    env = contract.child_env({}, plan, proc, tmp_path / "plan.json", startup_timeout=1, cluster_json=fits)
+    assert len(env["TF_CONFIG"]) == contract.TF_CONFIG_LIMIT
+    too_big = fits[:-1] + 'x"'
+    assert "TF_CONFIG" not in contract.child_env({}, plan, proc, tmp_path / "plan.json", startup_timeout=1,
+                                                 cluster_json=too_big)
 
 
 def test_hand_written_tf_config_still_works() -> None:
@@ -77,9 +80,18 @@ def test_plan_file_is_private_and_removed(tmp_path: Path) -> None:
 
 def test_log_level_quiet_by_default_but_user_and_verbose_win(tmp_path: Path) -> None:
     proc = build_plan(job_of(1), "allreduce").processes[0]
-    assert child_env({}, {}, proc)["TF_CPP_MIN_LOG_LEVEL"] == "2"
-    assert child_env({"TF_CPP_MIN_LOG_LEVEL": "0"}, {}, proc)["TF_CPP_MIN_LOG_LEVEL"] == "0"
-    assert "TF_CPP_MIN_LOG_LEVEL" not in child_env({}, {}, proc, verbose=True)
+    plan = build_plan(job_of(1), "allreduce")
+
+    def env(base: dict[str, str], **kwargs: bool) -> dict[str, str]:
+        return contract.child_env(base, plan, proc, tmp_path / "plan.json", startup_timeout=1, **kwargs)
+
+    assert env({})["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    assert env({"TF_CPP_MIN_LOG_LEVEL": "0"})["TF_CPP_MIN_LOG_LEVEL"] == "0"
+    assert "TF_CPP_MIN_LOG_LEVEL" not in env({}, verbose=True)
+    # --verbose also raises keras_distrib's own log level in the child, unless the user chose one.
+    assert env({}, verbose=True)["KERAS_DISTRIB_LOG_LEVEL"] == "DEBUG"
+    assert env({"KERAS_DISTRIB_LOG_LEVEL": "WARNING"}, verbose=True)["KERAS_DISTRIB_LOG_LEVEL"] == "WARNING"
+    assert "KERAS_DISTRIB_LOG_LEVEL" not in env({})
 
 
 # Lines measured from a TF 2.21 server start with TF_CPP_MIN_LOG_LEVEL=2 (CPU-only machine).
@@ -162,9 +174,82 @@ def test_a_quiet_child_that_fails_shows_its_last_lines(tmp_path: Path) -> None:
     assert (out, rc) == (b"", 0)
 
 
-def test_a_child_on_one_cpu_gets_two_interop_threads() -> None:
+def test_a_child_on_one_cpu_gets_two_interop_threads(tmp_path: Path) -> None:
     # One inter-op thread deadlocks the ps layouts (no step in 300 s under taskset -c 1).
-    proc = build_plan(job_of(1), "ps-per-node").processes[0]
-    assert child_env({}, {}, proc, cpus=1)["TF_NUM_INTEROP_THREADS"] == "2"
-    assert child_env({"TF_NUM_INTEROP_THREADS": "8"}, {}, proc, cpus=1)["TF_NUM_INTEROP_THREADS"] == "8"
-    assert "TF_NUM_INTEROP_THREADS" not in child_env({}, {}, proc, cpus=2)
+    plan = build_plan(job_of(1), "ps-per-node")
+    proc = plan.processes[0]
+
+    def env(base: dict[str, str], cpus: int) -> dict[str, str]:
+        return contract.child_env(base, plan, proc, tmp_path / "plan.json", startup_timeout=1, cpus=cpus)
+
+    assert env({}, 1)["TF_NUM_INTEROP_THREADS"] == "2"
+    assert env({"TF_NUM_INTEROP_THREADS": "8"}, 1)["TF_NUM_INTEROP_THREADS"] == "8"
+    assert "TF_NUM_INTEROP_THREADS" not in env({}, 2)
+
+
+# -- one contract: one builder, one table, no other spelling ------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "launcher-internals.md"
+PACKAGE = Path(__file__).resolve().parents[2] / "keras_distrib"
+
+
+def every_child_env(tmp_path: Path) -> list[tuple[str, dict[str, str]]]:
+    """child_env over a grid: every layout, every process kind, each option on and off."""
+    cases = []
+    for layout in ("ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu"):
+        for gpus in ((), ("0", "1")):
+            for hosts in (None, {"node00000": "10.0.0.1", "node00001": "10.0.0.2", "node00002": "10.0.0.3"}):
+                job = JobInfo("slurm", "7", ("node00000", "node00001", "node00002"), (1, 1, 1),
+                              node_gpus=(gpus,) * 3)
+                plan = build_plan(job, layout, hosts=hosts)
+                for proc in plan.processes:
+                    for extra in ({}, {"verbose": True, "checkpoint_every": "50steps", "interface": "ib0", "cpus": 1}):
+                        env = contract.child_env({"PATH": "/bin"}, plan, proc, tmp_path / "plan.json",
+                                                 startup_timeout=5.0, **extra)
+                        cases.append((f"{layout} {proc.name} {extra}", env))
+    return cases
+
+
+def test_child_env_sets_exactly_the_variables_of_the_table(tmp_path: Path) -> None:
+    produced: set[str] = set()
+    for case, env in every_child_env(tmp_path):
+        names = set(env) - {"PATH"}
+        assert names <= set(contract.VARIABLES), (case, names - set(contract.VARIABLES))
+        produced |= names
+    assert produced == set(contract.VARIABLES)  # no row of the table is dead
+
+
+def test_the_documented_table_is_the_contract_table() -> None:
+    rows = [line for line in DOC.read_text().splitlines() if line.startswith("| `")]
+    documented = {}
+    for row in rows:
+        name, text = row.strip("| ").split(" | ", 1)
+        documented[name.strip("`")] = text.rstrip(" |")
+    assert documented == contract.VARIABLES
+
+
+def _string_literals(path: Path) -> list[tuple[int, str]]:
+    """Every string constant of a module except docstrings (the prose may name a variable)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
+
+
+def test_no_other_module_spells_a_contract_variable() -> None:
+    import re
+
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, contract.VARIABLES)) + r")\b")
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "contract.py":
+            continue
+        for line, text in _string_literals(path):
+            # A name used as a key: use contract's constant (messages to users may name one).
+            if pattern.fullmatch(text):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {text[:60]!r}")
+    assert not found, "\n".join(found)

@@ -11,7 +11,8 @@ from _unit_helpers import FIXTURES, fixture_env, run_cli
 
 from cluster_parsers import JobInfo
 from keras_distrib import contract
-from keras_distrib.plan import build_plan, jax_env
+from keras_distrib.contract import jax_variables as jax_env
+from keras_distrib.plan import build_plan
 
 pytestmark = pytest.mark.unit
 
@@ -114,9 +115,7 @@ def job_env(layout: str, index: int, directory: Path) -> dict[str, str]:
     plan = build_plan(job(()), layout)
     proc = plan.find("worker", index)
     plan_file = contract.write_plan_file(json.dumps(plan.to_json()), str(directory))
-    variables = contract.child_variables(plan_file, (proc.job, proc.index), proc.node, plan.layout, plan.protocol,
-                                         180.0, json.dumps(plan.tf_config(proc)))
-    return {**variables, **jax_env(plan, proc)}
+    return contract.child_env({}, plan, proc, plan_file, startup_timeout=180.0)
 
 
 def test_inside_script_the_tensorflow_helpers_refuse_the_jax_layout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
