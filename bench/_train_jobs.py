@@ -426,7 +426,7 @@ FILE_RECIPES = ("files_per_record", "files", "files_cache")
 
 
 def file_source(paths: list[str], shape: tuple[int, ...], recipe: str, num_examples: int) -> Any:
-    """The FileSource of one recipe: per-record parse; batch-then-parse (the README recipe);
+    """The FileSource of one recipe: per-record parse; batch-then-parse (the docs/data.md recipe);
     per-record parse with an in-memory cache of the parsed examples."""
     from keras_distrib import data as kd_data
 

@@ -10,7 +10,7 @@ model, in each layout of ``--layouts`` (1ps2w: parameter-server trainer, chief +
        batch -> prefetch on every worker),
   A2 = TFRecord files (`keras_distrib.data.FileSource`, 4 files of tf.train.Examples) in
        three recipes: ``files`` = batch-then-parse (``parse_batch=tf.io.parse_example``,
-       the README recipe); ``files_per_record`` = ``parse=tf.io.parse_single_example``;
+       the docs/data.md recipe); ``files_per_record`` = ``parse=tf.io.parse_single_example``;
        ``files_cache`` = per-record parse with ``cache=True``,
   B  = one pre-materialised batch cached in memory and repeated (no per-step input work),
 alternated round by round in one cluster. A/B is the share of B's throughput kept, and

@@ -17,10 +17,10 @@ model on the same data (bench/_train_jobs.py):
 * ``keras_distrib_exact_epochs``: the same without ``steps_per_epoch``, one exact pass
   per epoch over as many batches (every step guarded against the end of its shard);
 * ``keras_distrib_stale_reads``: the same with the opt-in ``ps_stale_reads=True`` (one
-  variable read per closure; changes the training semantics, see README);
+  variable read per closure; changes the training semantics, see docs/training.md);
 * ``keras_distrib_local_steps``: the same with the opt-in ``ps_local_steps=True`` (K local
   steps per closure, one read and one packed update of weights and optimizer state;
-  exactly sequential training with this one worker, see README);
+  exactly sequential training with this one worker, see docs/training.md);
 * ``keras_distrib_local_steps_2k``: the same with 2K steps per closure (half the
   synchronisations; the single-process reference keeps K).
 

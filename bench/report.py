@@ -1,4 +1,4 @@
-"""Print the README's performance table from bench/results/*.json.
+"""Print the performance table of docs/performance.md from bench/results/*.json.
 
     python bench/report.py [--out DIR]
 

@@ -405,7 +405,7 @@ class Agent:
             deadline.start()
         return None
 
-    # -- restarts (README "Resilience") -----------------------------------------------
+    # -- restarts (docs/faults.md) ------------------------------------------------------
 
     def may_restart(self) -> bool:
         return self.options.max_restarts > 0 and not self.check and not self.interrupted

@@ -31,7 +31,7 @@ class Options:
     verbose: bool = False
     heartbeat_timeout: float = 30.0
     isolate: bool = True
-    # Resilience (README "Resilience"): restarts of dead processes, requeue on preemption.
+    # Resilience (docs/faults.md): restarts of dead processes, requeue on preemption.
     max_restarts: int = 3
     requeue: bool = False
     checkpoint_every: str | None = None  # None: keras_distrib.checkpoint_interval.DEFAULT_EVERY

@@ -126,11 +126,11 @@ def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int |
     """Train a compiled Keras 3 model on the active keras_distrib layout, like ``model.fit``.
 
     Takes ``model.fit``'s arguments (see `keras_distrib.trainers.base.Trainer.fit` and the
-    README table), plus ``strategy`` (default: the active one), ``steps_per_execution``
+    table in docs/training.md), plus ``strategy`` (default: the active one), ``steps_per_execution``
     (steps per scheduled function, default 10), ``seed`` (shuffling) and
     ``checkpoint_dir`` (resume from / save to every epoch), ``ps_stale_reads`` or
     ``ps_local_steps`` (opt-in, parameter server only, change the training semantics: one
-    variable read per closure; or K local steps per closure, see README). ``x`` may be arrays (dict
+    variable read per closure; or K local steps per closure, see docs/training.md). ``x`` may be arrays (dict
     inputs too), ``(x, y[, sample_weight])``, a ``tf.data.Dataset`` or a
     `keras_distrib.data` source; it is sharded disjointly over the workers.
     ``batch_size``: examples per optimizer update (parameter server: each worker step;

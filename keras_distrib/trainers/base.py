@@ -148,7 +148,7 @@ class Trainer:
         """(first epoch, steps of it already done) after restoring the newest checkpoint.
 
         A mid-epoch checkpoint resumes that epoch for its remaining step count, over a
-        fresh pass of the shards (README "Resilience": which examples that is).
+        fresh pass of the shards (docs/faults.md, Checkpoints: which examples that is).
         """
         if keeper is None or not keeper.restore():
             return initial_epoch, 0

@@ -1,13 +1,15 @@
-"""Every example runs under local mode, in the layouts it documents (the README's commands)."""
+"""Every example runs under local mode, in the layouts it documents, and the docs' scripts and commands run as written."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-
-from launcher_utils import REPO, meaningful, start_local
+from docs_blocks import command_lines, docs_block
+from launcher_utils import REPO, launcher_env, meaningful, start_local
 
 EXAMPLES = REPO / "examples"
 
@@ -57,17 +59,39 @@ def test_legacy_tf_keras_model_fit(tmp_path: Path, layout: str, strategy: str) -
     assert result["accuracy"][-1] > result["accuracy"][0]
 
 
-def test_readme_training_snippet_runs_as_written(tmp_path: Path) -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Training (Keras 3)"):]
-    start = section.index("```python\n") + len("```python\n")
-    code = section[start:section.index("\n```", start)]
-    (tmp_path / "train.py").write_text(code + "\n")
-    proc = start_local(["--nodes", "2", "train.py"], tmp_path)
+@pytest.mark.parametrize("command", command_lines("port-commands"), ids=["ps-per-node", "allreduce"])
+def test_docs_porting_script_runs_as_written(tmp_path: Path, command: list[str]) -> None:
+    """docs/porting.md: its TensorFlow script (block train-tf), run by its commands, as written."""
+    (tmp_path / "train.py").write_text(docs_block("train-tf"))
+    assert command[:3] == ["python", "-m", "keras_distrib.local"]
+    proc = start_local(command[3:], tmp_path)
     out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out[-4000:]
-    accuracy = [line for line in meaningful(out) if line.startswith("[local0 chief:0] val_accuracy")]
+    first = "[local0 worker:0]" if "allreduce" in command else "[local0 chief:0]"
+    accuracy = [line for line in meaningful(out) if line.startswith(f"{first} val_accuracy")]
     assert accuracy and float(accuracy[0].split()[-1]) > 0.8, out[-3000:]
     assert (tmp_path / "model.keras").exists()
     assert len((tmp_path / "log.csv").read_text().strip().splitlines()) == 1 + 5  # header + 5 epochs
     assert list((tmp_path / "ckpt").iterdir()), "no checkpoint written"
+
+
+def test_docs_single_machine_script_runs(tmp_path: Path) -> None:
+    """docs/porting.md's baseline (block single-machine) is a working plain Keras script."""
+    (tmp_path / "single.py").write_text(docs_block("single-machine"))
+    done = subprocess.run([sys.executable, "single.py"], cwd=tmp_path, env=launcher_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    accuracy = [line for line in done.stdout.splitlines() if line.startswith("val_accuracy")]
+    assert accuracy and float(accuracy[0].split()[-1]) > 0.8, done.stdout[-2000:]
+    assert (tmp_path / "model.keras").exists()
+
+
+def test_docs_first_local_job_runs(tmp_path: Path) -> None:
+    """docs/getting-started.md's first job (what `make demo` runs)."""
+    [command] = command_lines("first-local-job")
+    assert command[:3] == ["python", "-m", "keras_distrib.local"]
+    args = [str(REPO / a) if a.startswith("examples/") else a for a in command[3:]]
+    proc = start_local(args, tmp_path)
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 0, out[-4000:]
+    assert any("keras_distrib: fit finished: trained epochs 1-5" in line for line in meaningful(out)), out[-3000:]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_blocks import docs_block
 from launcher_utils import REPO, alive, listening_ports, meaningful, processes_with_env, start_local, wait_for
 
 pytest.importorskip("jax", reason="the [jax] extra is not installed")
@@ -27,18 +28,11 @@ def run_local(tmp_path: Path, args: list[str], **env: str) -> tuple[int, list[st
     return proc.returncode, meaningful(out), proc.pid
 
 
-def readme_jax_block() -> str:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("### Inside SCRIPT on the jax layouts"):]
-    start = section.index("```python\n") + len("```python\n")
-    return section[start:section.index("\n```", start)]
-
-
 @pytest.mark.parametrize("nodes", [2, 3])
-def test_readme_jax_snippet_runs_as_written(tmp_path: Path, nodes: int) -> None:
+def test_docs_jax_snippet_runs_as_written(tmp_path: Path, nodes: int) -> None:
     """1400 training examples, global batch 64: 22 batches, the last of 56; with 3 processes
     64 does not divide (63 kept) and bare Keras' shards would differ by a batch."""
-    (tmp_path / "train.py").write_text(readme_jax_block() + "\n")
+    (tmp_path / "train.py").write_text(docs_block("jax-train"))  # docs/jax.md
     port_base = 28000 + (os.getpid() % 90) * 20  # known ports, to check none stays open
     code, lines, _ = run_local(tmp_path, ["--nodes", str(nodes), "--layout", "jax", "--port-base", str(port_base), "train.py"])
     assert code == 0, "\n".join(lines[-60:])

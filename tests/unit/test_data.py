@@ -262,16 +262,12 @@ def test_file_source_parallel_parsing_keeps_shards_exact(tmp_path: Any, workers:
     assert sorted(seen) == list(range(n))  # disjoint and complete
 
 
-def test_readme_file_recipe_runs(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's batch-then-parse recipe, as written, on a few files of its format."""
-    import re
-    from pathlib import Path
-
+def test_docs_file_recipe_runs(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch-then-parse recipe of docs/data.md, as written, on a few files of its format."""
     import tensorflow as tf
+    from docs_blocks import docs_block
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("#### Files that never stall a step", 1)[1]
-    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    block = docs_block("file-recipe")
     (tmp_path / "data").mkdir()
     for f in range(3):
         with tf.io.TFRecordWriter(str(tmp_path / "data" / f"train-{f}.tfrecord")) as w:
@@ -281,7 +277,7 @@ def test_readme_file_recipe_runs(tmp_path: Any, monkeypatch: pytest.MonkeyPatch)
                 w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
     monkeypatch.chdir(tmp_path)
     scope: dict[str, Any] = {}
-    exec(compile(block, "README.md", "exec"), scope)
+    exec(compile(block, "docs/data.md", "exec"), scope)
     labels = []
     for worker in range(2):
         for x, y in kd.pipeline(scope["source"], worker, 2, batch_size=4, shuffle=True, seed=0, repeat=False):

@@ -308,8 +308,8 @@ def test_fixtures_name_their_source() -> None:
         assert len(json.loads(path.read_text())["source"]) > 20, path.name
 
 
-def test_readme_gpu_paragraph_matches_the_code() -> None:
-    text = (REPO / "README.md").read_text()
+def test_docs_gpu_paragraph_matches_the_code() -> None:
+    text = (REPO / "docs" / "schedulers.md").read_text()
     paragraph = text[text.index("GPU ids are"):].split("\n\n")[0]
     order = [paragraph.index(f"`{v}`") for v in (*SlurmParser.gpu_vars, SlurmParser.gpu_count_var)]
     assert order == sorted(order)

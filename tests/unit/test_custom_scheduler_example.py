@@ -1,4 +1,4 @@
-"""The README's "adding a scheduler" example (examples/custom_scheduler.py) really works."""
+"""The "writing your own parser" example of docs/schedulers.md (examples/custom_scheduler.py) really works."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from types import ModuleType
 
 import pytest
 from _unit_helpers import REPO, install_plugin, run_cli
+from docs_blocks import docs_block
 
 from cluster_parsers import ClusterConfigError, ClusterParser
 from keras_distrib.plan import build_plan
@@ -68,9 +69,7 @@ def test_example_registered_through_the_entry_point(tmp_path: Path) -> None:
     assert (plan["scheduler"], plan["nodes"]) == ("acme", ["gpu01", "gpu02", "gpu03"])
 
 
-def test_readme_shows_the_tested_example() -> None:
-    """The README's code block is the example file's code, so the documentation is tested."""
-    readme = (REPO / "README.md").read_text()
+def test_docs_show_the_tested_example() -> None:
+    """The page's code block is the example file's code, so the documentation is tested."""
     code = EXAMPLE.read_text()
-    body = code[code.index("from cluster_parsers"):].rstrip("\n")
-    assert f"```python\n{body}\n```" in readme
+    assert docs_block("scheduler-plugin") == code[code.index("from cluster_parsers"):]

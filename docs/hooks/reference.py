@@ -1,0 +1,89 @@
+"""Reference tables generated from the code: the command line, the config keys, the contract.
+
+Nothing here is written twice: the flags come from ``keras_distrib.launcher.cli.arg_parser``
+(the parser the launcher runs), the config keys and defaults from the ``Options`` dataclass
+(which the config validation also reads), the environment contract from the table in
+``keras_distrib/contract.py``'s docstring. None of these imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import typing
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", r"\|").replace("\n", " ")
+
+
+def cli_options() -> str:
+    """Every flag of ``python -m keras_distrib[.slurm|...]`` and of local mode, one row each."""
+    from keras_distrib.launcher.cli import arg_parser
+    from keras_distrib.launcher.options import Options
+
+    keys = {f.name for f in fields(Options)}
+    cluster = arg_parser("python -m keras_distrib")
+    local = arg_parser("python -m keras_distrib.local", local=True)
+    local_only = {a.dest for a in local._actions} - {a.dest for a in cluster._actions}
+    rows = ["| flag | config key | where | meaning |", "|---|---|---|---|"]
+    seen: set[str] = set()
+    for action in [*cluster._actions, *local._actions]:
+        if isinstance(action, argparse._HelpAction) or action.dest in seen:
+            continue
+        seen.add(action.dest)
+        if action.option_strings:
+            flag = ", ".join(action.option_strings)
+            if action.nargs != 0:
+                metavar = action.metavar or (("{" + ",".join(action.choices) + "}") if action.choices else action.dest.upper())
+                flag += f" {metavar}"
+        else:
+            flag = action.metavar or action.dest
+        key = action.dest.replace("_", "-") if action.dest in keys else ""
+        where = "local mode only" if action.dest in local_only else "cluster only" if action.dest == "scheduler" else "all"
+        rows.append(f"| `{flag}` | {f'`{key}`' if key else ''} | {where} | {_cell(action.help or '')} |")
+    return "\n".join(rows)
+
+
+def config_keys() -> str:
+    """The keys of a ``--config FILE``, with their types and defaults (the ``Options`` fields)."""
+    from keras_distrib.launcher.options import LAYOUTS, Options, _describe, json_scalar
+
+    hints = typing.get_type_hints(Options)
+    rows = ["| key | value | default |", "|---|---|---|"]
+    for f in fields(Options):
+        default = f.default if f.default is not MISSING else None
+        shown = "(none)" if default is None else json_scalar(default)
+        kind = "one of " + ", ".join(f"`{v}`" for v in LAYOUTS) if f.name == "layout" else _describe(hints[f.name])
+        rows.append(f"| `{f.name.replace('_', '-')}` | {kind} | `{shown}` |")
+    return "\n".join(rows)
+
+
+def contract_table() -> str:
+    """The variables every child gets, from the RST table in contract.py's docstring."""
+    source = (REPO / "keras_distrib" / "contract.py").read_text()
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    block = doc.split("=" * 29, 1)[1]  # the table between its rule lines
+    body = block.split("\n", 1)[1].rsplit("=" * 29, 1)[0]
+    rows: list[list[str]] = []
+    for line in body.splitlines():
+        if not line.strip() or set(line.strip()) <= {"=", " "}:
+            continue
+        if line[:31].strip():
+            name, _, rest = line.strip().partition("  ")
+            rows.append([name.strip(), rest.strip()])
+        elif rows:
+            rows[-1][1] += " " + line.strip()
+    out = ["| variable | meaning |", "|---|---|"]
+    for name, text in rows:
+        text, name = (re.sub(r"``([^`]+)``", r"`\1`", t) for t in (text, name))
+        out.append(f"| {name} | {_cell(text)} |")
+    return "\n".join(out)
+
+
+GENERATORS = {"cli-options": cli_options, "config-keys": config_keys, "contract": contract_table}
