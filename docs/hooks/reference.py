@@ -2,15 +2,12 @@
 
 Nothing here is written twice: the flags come from ``keras_distrib.launcher.cli.arg_parser``
 (the parser the launcher runs), the config keys and defaults from the ``Options`` dataclass
-(which the config validation also reads), the environment contract from the table in
-``keras_distrib/contract.py``'s docstring. None of these imports TensorFlow.
+(which the config validation also reads), the environment contract from ``contract.VARIABLES``. None of these imports TensorFlow.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import re
 import typing
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -65,25 +62,12 @@ def config_keys() -> str:
 
 
 def contract_table() -> str:
-    """The variables every child gets, from the RST table in contract.py's docstring."""
-    source = (REPO / "keras_distrib" / "contract.py").read_text()
-    doc = ast.get_docstring(ast.parse(source)) or ""
-    block = doc.split("=" * 29, 1)[1]  # the table between its rule lines
-    body = block.split("\n", 1)[1].rsplit("=" * 29, 1)[0]
-    rows: list[list[str]] = []
-    for line in body.splitlines():
-        if not line.strip() or set(line.strip()) <= {"=", " "}:
-            continue
-        if line[:31].strip():
-            name, _, rest = line.strip().partition("  ")
-            rows.append([name.strip(), rest.strip()])
-        elif rows:
-            rows[-1][1] += " " + line.strip()
-    out = ["| variable | meaning |", "|---|---|"]
-    for name, text in rows:
-        text, name = (re.sub(r"``([^`]+)``", r"`\1`", t) for t in (text, name))
-        out.append(f"| {name} | {_cell(text)} |")
-    return "\n".join(out)
+    """The variables a child may get: ``contract.VARIABLES``, the table ``child_env`` is checked against."""
+    from keras_distrib.contract import VARIABLES
+
+    rows = ["| variable | what it holds |", "|---|---|"]
+    rows += [f"| `{name}` | {_cell(text)} |" for name, text in VARIABLES.items()]
+    return "\n".join(rows)
 
 
 GENERATORS = {"cli-options": cli_options, "config-keys": config_keys, "contract": contract_table}
