@@ -6,9 +6,9 @@ next build. What counts as user-facing:
 
 - ``raise C(...)`` for the project's error classes and for ValueError/TypeError in the
   public modules (the message is what the user reads: the CLI prints it as one line);
-- the agent's ``fail(reason, code)`` (printed as ``error: REASON; stopping the job.``)
-  and ``say(...)`` / ``warnings.warn`` / ``logger.warning`` lines that say ``error``,
-  ``warning`` or ``cannot``;
+- the agent's ``fail(reason, code)`` (printed as ``error: REASON; stopping the job.``),
+  every ``warnings.warn`` / ``logger.warning`` / ``logger.error``, and ``say(...)`` /
+  ``print(...)`` lines that say ``error``, ``warning`` or ``cannot``;
 - a handler ``except C as exc: say(..., f"error: {exc}. HINT: ...")`` wraps every C.
 
 An error's cause is its message; its fix is the text after ``HINT:``. An error without a
@@ -41,8 +41,10 @@ INTERNAL = {
     "keras_distrib/plan.py:KeyError": "lookups by the launcher's own names",
 }
 #: Function names whose first argument is a line shown to the user.
-SAY_FUNCS = {"say", "warn", "warning", "error"}
-#: Words that make a ``say`` line an error or a warning (other lines are progress reports).
+SAY_FUNCS = {"say", "print", "warn", "warning", "error"}
+#: Always an error or a warning (warnings.warn, logger.warning, logger.error).
+ALARM_FUNCS = {"warn", "warning", "error"}
+#: Words that make a ``say``/``print`` line an error or a warning (others are progress reports).
 ALARM = re.compile(r"\b(error|warning|cannot)\b", re.I)
 
 #: Where each file's errors show up, for the page's sections (first match wins).
@@ -245,8 +247,6 @@ def scan() -> tuple[list[Entry], list[Unreadable]]:
     wrappers: dict[str, tuple[str, str]] = {}  # class -> text before/after {exc}
     raw: list[tuple[str, str, str, str, str]] = []  # kind, class, message, where, path
     for module in _modules():
-        if module.rel in INTERNAL:
-            continue
         for qualname, func in _functions(module.tree):
             local = _locals(func)
             for node in _own_nodes(func):
@@ -262,7 +262,7 @@ def scan() -> tuple[list[Entry], list[Unreadable]]:
                                     wrappers[_call_name(node.type)] = (before, after)
                 if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                     cls = _call_name(node.exc.func)
-                    if cls not in ERROR_CLASSES or f"{module.rel}:{cls}" in INTERNAL:
+                    if cls not in ERROR_CLASSES or module.rel in INTERNAL or f"{module.rel}:{cls}" in INTERNAL:
                         continue
                     args = [a for a in node.exc.args if not (isinstance(a, ast.Constant) and not isinstance(a.value, str))]
                     texts = [module.render(a, local) for a in args[:2]]
@@ -284,11 +284,11 @@ def scan() -> tuple[list[Entry], list[Unreadable]]:
                     elif name in SAY_FUNCS:
                         for arg in node.args[:2]:
                             text = module.render(arg, local)
-                            if text and ALARM.search(text) and "{exc}" not in text and "{reason}" not in text:
-                                kind = "warning" if re.search(r"\bwarning\b", text, re.I) or name == "warn" else "error"
-                                if name in ("warn", "warning"):
-                                    kind = "warning"
-                                raw.append((kind, "", text, where, module.rel))
+                            if not text or "{exc}" in text or "{reason}" in text:
+                                continue
+                            if name in ALARM_FUNCS or ALARM.search(text):
+                                warning = name in ("warn", "warning") or re.search(r"\bwarning\b", text, re.I)
+                                raw.append(("warning" if warning else "error", "", text, where, module.rel))
             # module-level reasons handed to fail() by name, e.g. reason = f"lost the node ..."
             for node in _own_nodes(func):
                 if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "reason" for t in node.targets):

@@ -6,15 +6,26 @@ Names: ``cli-options``, ``config-keys``, ``contract`` (docs/hooks/reference.py) 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
 
-import errors  # noqa: E402
-import reference  # noqa: E402
+def load(name: str) -> ModuleType:
+    """A sibling file as a module of a unique name (hooks are not a package on sys.path)."""
+    spec = importlib.util.spec_from_file_location(f"keras_distrib_docs_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+errors = load("errors")
+reference = load("reference")
 
 MARKER = re.compile(r"<!-- gen: ([\w-]+) -->")
 GENERATORS = {**reference.GENERATORS, "errors": errors.markdown}

@@ -149,7 +149,7 @@ BAD_INPUT = [
     ("config-unknown-key", "keras_distrib.slurm", STEP, ["--config", "{tmp}/kd.yaml"],
      ["'layuot'", *Options.keys()]),
     ("config-missing", "keras_distrib.slurm", STEP, ["--config", "{tmp}/none.yaml"], ["--config '{tmp}/none.yaml'"]),
-    # The README's examples of refused config values.
+    # The refused config values docs/reference/cli.md names.
     ("config-layout-int", "keras_distrib.slurm", STEP, ["--config", "{tmp}/layout.yaml"], ["layout=5", "layout: ps-per-node"]),
     ("config-port-float", "keras_distrib.slurm", STEP, ["--config", "{tmp}/port.yaml"], ["port-base=25000.0", "an integer"]),
     ("config-timeout-inf", "keras_distrib.slurm", STEP, ["--config", "{tmp}/inf.yaml"], ["startup-timeout=inf", "finite"]),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import functools
 import http.server
+import importlib.util
 import io
 import json
 import os
@@ -20,16 +21,26 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from urllib.parse import quote
 
 import pytest
 from _unit_helpers import REPO, run_cli
 from docs_blocks import blocks_of, pages
 
-sys.path.insert(0, str(REPO / "docs" / "hooks"))
-import errors  # noqa: E402  (docs/hooks/errors.py: the error catalogue)
+from keras_distrib.launcher.cli import arg_parser
 
-from keras_distrib.launcher.cli import arg_parser  # noqa: E402
+
+def _load_hook(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"keras_distrib_docs_{name}", REPO / "docs" / "hooks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+errors = _load_hook("errors")  # docs/hooks/errors.py: the error catalogue
 
 BUILD_TIMEOUT = 300
 
