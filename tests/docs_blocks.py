@@ -5,6 +5,7 @@ Every fenced block is preceded by one marker line (an HTML comment, invisible on
 - ``<!-- run: ID -->``: a test runs it; the test gets its text with ``docs_block("ID")``,
   and tests/unit/test_docs_blocks.py checks that some test does;
 - ``<!-- same-as: ID -->``: the same text as block ID (shown twice, run once);
+- ``<!-- file: PATH -->``: the whole content of the repository's file PATH, which tests use;
 - ``<!-- not-run: REASON -->``: cannot run here (a real cluster command, a diagram), and why.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
-MARKER = re.compile(r"^\s*<!-- (run|same-as|not-run): (.+?) -->\s*$")
+MARKER = re.compile(r"^\s*<!-- (run|same-as|file|not-run): (.+?) -->\s*$")
 FENCE = re.compile(r"^(\s*)(```+)\s*([\w+-]*)(.*)$")
 
 
@@ -27,8 +28,8 @@ class Block:
     lang: str
     info: str  # the fence's attributes, e.g. hl_lines="4 5"
     code: str
-    kind: str | None  # run, same-as, not-run, or None when the marker is missing
-    value: str  # the block's id, the id it repeats, or the reason
+    kind: str | None  # run, same-as, file, not-run, or None when the marker is missing
+    value: str  # the block's id, the id it repeats, the file, or the reason
 
     def where(self) -> str:
         return f"{self.page}:{self.line}"

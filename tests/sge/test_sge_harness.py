@@ -1,4 +1,4 @@
-"""The SGE harness's command line, as the README shows it (up, run, down)."""
+"""The SGE harness's command line, as docs/development.md shows it (up, run, down)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The repository's examples on the real 3-node Slurm cluster, as the README shows them."""
+"""The repository's examples on the real 3-node Slurm cluster, as docs/getting-started.md and docs/schedulers.md show them."""
 
 from __future__ import annotations
 

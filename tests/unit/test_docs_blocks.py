@@ -43,6 +43,11 @@ def test_repeated_blocks_equal_their_original() -> None:
         assert block.code == docs_block(block.value), f"{block.where()} differs from the block '{block.value}'"
 
 
+def test_file_blocks_equal_their_file() -> None:
+    for block in (b for b in BLOCKS if b.kind == "file"):
+        assert block.code == (REPO / block.value).read_text(), f"{block.where()} differs from {block.value}"
+
+
 def test_config_example_is_valid(tmp_path: Path) -> None:
     path = tmp_path / "launch.yaml"
     path.write_text(docs_block("config-example"))
