@@ -121,6 +121,23 @@ class _Module:
                 for t in targets:
                     if isinstance(t, ast.Name) and node.value is not None:
                         self.constants[t.id] = node.value
+                    elif isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple):  # A, B = 1, 2
+                        for name, value in zip(t.elts, node.value.elts):
+                            if isinstance(name, ast.Name):
+                                self.constants[name.id] = value
+
+    def constant(self, expr: ast.expr) -> str | int | float | None:
+        """The value of an UPPER_CASE constant of this module or the package (``X`` or ``mod.X``)."""
+        name = expr.id if isinstance(expr, ast.Name) else expr.attr if isinstance(expr, ast.Attribute) else ""
+        if not name.isupper():
+            return None
+        for module in [self, *_modules()]:
+            value = module.constants.get(name)
+            if isinstance(value, ast.Constant) and isinstance(value.value, (str, int, float)) and not isinstance(value.value, bool):
+                return value.value
+            if value is not None and isinstance(value, ast.JoinedStr | ast.BinOp):
+                return module.render(value, {})
+        return None
 
     def render(self, expr: ast.expr, local: dict[str, ast.expr], depth: int = 0) -> str | None:
         """The template of a string expression; None when it is not made of text."""
@@ -135,6 +152,11 @@ class _Module:
                     out.append(str(v.value))
                 else:
                     assert isinstance(v, ast.FormattedValue)
+                    number = self.constant(v.value)
+                    if number is not None:  # a module constant such as MAX_PORT: its value
+                        spec = "".join(str(c.value) for c in getattr(v.format_spec, "values", []) if isinstance(c, ast.Constant))
+                        out.append(format(number, spec) if spec or not isinstance(number, str) else number)
+                        continue
                     inner = self.render(v.value, local, depth + 1) if isinstance(v.value, ast.Name) else None
                     out.append(inner if inner is not None else _hole(v.value))
             return "".join(out)
