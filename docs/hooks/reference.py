@@ -70,4 +70,22 @@ def contract_table() -> str:
     return "\n".join(rows)
 
 
-GENERATORS = {"cli-options": cli_options, "config-keys": config_keys, "contract": contract_table}
+def schedulers() -> str:
+    """The built-in parsers in detection order: entry point, what detects them, how to start agents."""
+    from cluster_parsers.registry import BUILTIN_PARSERS
+    from keras_distrib.launcher.requeue import COMMANDS, SGE_RESCHEDULE_EXIT
+
+    requeue = {name: f"`{' '.join(cmd)} ${var}`" for name, (var, cmd) in COMMANDS.items()}
+    requeue["sge"] = f"exit code {SGE_RESCHEDULE_EXIT} (SGE reschedules the job)"
+    rows = ["| scheduler | entry point | detected by | one agent per node | `--requeue` runs |", "|---|---|---|---|---|"]
+    for cls in BUILTIN_PARSERS:
+        module = REPO / "keras_distrib" / f"{cls.name}.py"
+        entry = f"`python -m keras_distrib.{cls.name}`" if module.exists() else "`python -m keras_distrib`"
+        detected = ", ".join(f"`{v}`" for v in cls.detect_vars)
+        rows.append(f"| `{cls.name}` | {entry} | {detected} | {_cell(cls.agent_launch_hint)} | "
+                    f"{requeue.get(cls.name, 'nothing (no requeue)')} |")
+    return "\n".join(rows)
+
+
+GENERATORS = {"cli-options": cli_options, "config-keys": config_keys, "contract": contract_table,
+              "schedulers": schedulers}
