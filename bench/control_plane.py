@@ -37,9 +37,11 @@ from typing import Any
 from _harness import Comparison, parser, print_table, save
 from cluster_parsers import JobInfo
 from keras_distrib import contract
-from keras_distrib.launcher import agent as agent_module
 from keras_distrib.launcher import control
-from keras_distrib.launcher.agent import Agent, AgentSpec, plan_digest
+from keras_distrib.launcher import formation
+from keras_distrib.launcher.agent import Agent, LaunchSpec
+from keras_distrib.launcher.formation import Identity, plan_digest
+from keras_distrib.launcher.messages import Stop
 from keras_distrib.launcher.options import Options
 from keras_distrib.plan import build_plan
 
@@ -80,17 +82,17 @@ class SimulatedAgent(Agent):
     node_processes: dict[int, list[Any]] = {}
 
     def my_processes(self) -> list[Any]:
-        return list(self.node_processes[self.spec.agent_id])
+        return list(self.node_processes[self.identity.agent_id])
 
 
 def make_agent(agent_id: int, nodes: int, job: JobInfo, plan: Any, plan_file: Path, options: Options) -> Agent:
-    spec = AgentSpec(agent_id, nodes, job.nodes[agent_id], dict(enumerate(job.nodes)))
+    identity = Identity(agent_id, nodes, job.nodes[agent_id], dict(enumerate(job.nodes)))
     job_here = JobInfo(job.scheduler, job.job_id, job.nodes, job.tasks_per_node, node_gpus=job.node_gpus,
                        node_index=agent_id)
-    agent = SimulatedAgent(spec, job_here, plan, options, "agent", ["train.py"], False)
+    agent = SimulatedAgent(LaunchSpec(job_here, plan, options, script="train.py"), identity)
     # Shared by the simulated agents of one process (see the docstring).
-    agent.plan_file, agent.cluster_json = plan_file, SHARED["cluster_json"]
-    agent.spawner = fake_spawn
+    agent.processes.plan_file, agent.processes.cluster_json = plan_file, SHARED["cluster_json"]
+    agent.processes.spawner = fake_spawn
     return agent
 
 
@@ -99,7 +101,7 @@ def shared_state(nodes: int, workdir: str) -> tuple[JobInfo, Any, Path]:
     job = job_of(nodes)
     plan = build_plan(job, LAYOUT, PORT_BASE)
     digest = plan_digest(plan)
-    agent_module.plan_digest = lambda _plan: digest  # computed once here instead of N times
+    formation.plan_digest = lambda _plan: digest  # computed once here instead of N times
     SHARED["cluster_json"] = json.dumps(plan.cluster_spec())
     SimulatedAgent.node_processes = {}
     for proc in plan.processes:
@@ -118,17 +120,17 @@ def run_agent0(nodes: int, workdir: str, options: Options, out: Any) -> None:
     job, plan, plan_file = SHARED["state"]
     agent = make_agent(0, nodes, job, plan, plan_file, options)
     before = cpu_seconds()
-    agent.form_job()
+    channel, formed_plan = agent.form()
     formed = time.time()
     formation_cpu = cpu_seconds() - before
     print(f"  agent 0: {nodes} agents formed the job", file=sys.stderr, flush=True)
-    agent.start(agent.my_processes())
-    out.put(("agent0", [c.started for c in agent.children], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, formed,
-             formation_cpu))
+    agent.begin(channel, formed_plan)
+    out.put(("agent0", [c.started for c in agent.processes.children], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+             formed, formation_cpu))
     time.sleep(1.0)  # let the start message drain before the stop order
-    agent.stop(0)
+    agent.channel.to_all(Stop(0))
     time.sleep(1.0)
-    agent.server.close()
+    agent.channel.close()
 
 
 def run_workers(nodes: int, ids: list[int], workdir: str, options: Options, out: Any) -> None:
@@ -143,15 +145,13 @@ def run_workers(nodes: int, ids: list[int], workdir: str, options: Options, out:
         agent = make_agent(agent_id, nodes, job, plan, plan_file, options)
         began = time.time()
         try:
-            agent.form_job()
-            agent.start(agent.my_processes())
-            results.append((began, [c.started for c in agent.children]))
+            agent.begin(*agent.form())
+            results.append((began, [c.started for c in agent.processes.children]))
             agent.events.get(timeout=240)  # the stop order
         except Exception as exc:  # reported, the bench fails
             errors.append(f"agent {agent_id}: {exc!r}")
         finally:
-            if agent.client is not None:
-                agent.client.close()
+            agent.channel.close()
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in ids]
     for t in threads:

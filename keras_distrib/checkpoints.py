@@ -22,11 +22,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -37,6 +37,8 @@ from typing import Any, Callable
 from .checkpoint_interval import DEFAULT_EVERY, Interval, IntervalError, parse_interval
 from . import contract
 from .contract import CHECKPOINT_EVERY_VAR, PREEMPTED_EXIT_CODE
+
+logger = logging.getLogger(__name__)
 
 #: Complete checkpoints kept in the directory.
 DEFAULT_KEEP = 3
@@ -59,10 +61,6 @@ class Preempted(SystemExit):
     def __init__(self, signum: int) -> None:
         super().__init__(PREEMPTED_EXIT_CODE)
         self.signum = signum
-
-
-def say(text: str) -> None:
-    print(f"keras_distrib: {text}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- interval
@@ -303,7 +301,7 @@ class Checkpointer:
         if self.show:
             reached = self.store.last_progress()
             lost = f"; the {reached - meta.step} steps trained after it are redone" if reached and reached > meta.step else ""
-            say(f"resuming from {path} ({where_in_training(meta)}, step {meta.step}){lost}.")
+            logger.info("resuming from %s (%s, step %d)%s.", path, where_in_training(meta), meta.step, lost)
         return meta.step
 
     def save(self, step: int) -> Path | None:
@@ -340,8 +338,9 @@ class Checkpointer:
         if signum is not None:
             epoch, in_epoch = position(step, self.steps_per_epoch)
             if self.show:
-                say(f"got {signal.Signals(signum).name}: saved a checkpoint at step {step} (epoch {epoch + 1}, "
-                    f"{in_epoch} steps into it); stopping with exit code {PREEMPTED_EXIT_CODE} so the job can be requeued.")
+                logger.info("got %s: saved a checkpoint at step %d (epoch %d, %d steps into it); stopping with exit code "
+                            "%d so the job can be requeued.", signal.Signals(signum).name, step, epoch + 1, in_epoch,
+                            PREEMPTED_EXIT_CODE)
             raise Preempted(signum)
 
     def nothing_left(self, step: int, epochs: int) -> bool:
@@ -349,7 +348,7 @@ class Checkpointer:
         if not self.steps_per_epoch or step < epochs * self.steps_per_epoch:
             return False
         if self.show:
-            say(f"warning: the checkpoint in {self.store.directory} is at step {step}, the end of epoch "
-                f"{step // self.steps_per_epoch}; nothing is left to train for epochs={epochs}. "
-                "HINT: raise epochs= to train more, or use a fresh checkpoint_dir to start over.")
+            logger.warning("the checkpoint in %s is at step %d, the end of epoch %d; nothing is left to train for "
+                           "epochs=%d. HINT: raise epochs= to train more, or use a fresh checkpoint_dir to start over.",
+                           self.store.directory, step, step // self.steps_per_epoch, epochs)
         return True

@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import atexit
 import functools
+import logging
 import os
 import shutil
 import socket
-import sys
 import tempfile
 import threading
 from typing import Any
 
 from . import contract
+from .logs import configure_script
 from .network import is_ip_address
 from .plan import JAX_LAYOUTS, Process
 from .strategies import NotInJobError, cluster
+
+logger = logging.getLogger(__name__)
 
 # JAX's own start-up timeout is 300 s; ours (the launcher's watchdog) must speak first.
 JAX_TIMEOUT_MARGIN = 60.0
@@ -38,6 +41,7 @@ def distribution() -> Any:
 
     Call it before building the model: Keras places the variables when they are created.
     """
+    configure_script()
     info = cluster()
     if info.layout not in JAX_LAYOUTS:
         raise NotInJobError(
@@ -154,13 +158,9 @@ def shard_evenly(dataset: Any, process_id: int, num_processes: int, num_devices:
         )
     static_batch = _declared_batch_size(dataset)
     if process_id == 0 and static_batch and static_batch % num_devices:
-        print(
-            f"keras_distrib: warning: the global batch {static_batch} does not divide by the {num_devices} devices; "
-            f"each batch keeps {static_batch - static_batch % num_devices} examples. "
-            f"Use a multiple of {num_devices} to keep every example.",
-            file=sys.stderr,
-            flush=True,
-        )
+        logger.warning("the global batch %d does not divide by the %d devices; each batch keeps %d examples. "
+                       "Use a multiple of %d to keep every example.", static_batch, num_devices,
+                       static_batch - static_batch % num_devices, num_devices)
 
     def batch_size(element: Any) -> Any:
         return tf.shape(tf.nest.flatten(element)[0])[0]

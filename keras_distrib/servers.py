@@ -5,11 +5,15 @@ Reads its task and the cluster as contract.py says, serves until killed. The age
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
 
 from . import contract
+from .logs import configure_script
+
+logger = logging.getLogger(__name__)
 
 #: After SIGTERM (preemption, scancel) a server keeps serving this long, so the chief can
 #: write its checkpoint first (variables live on the ps); its agent kills it when done.
@@ -27,6 +31,7 @@ def main() -> None:
     # must survive it (its default action would kill the process).
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_later)
+    configure_script(bare=True)  # the server's one line is its own: "serving ps:0 at ..."
     job, index = contract.read_task(os.environ)
     cluster = contract.read_tf_cluster(os.environ)
     protocol = contract.protocol(os.environ)
@@ -38,7 +43,7 @@ def main() -> None:
     )
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     address = cluster[job][index]
-    print(f"serving {job}:{index} at {address} over {protocol}; GPUs visible: {gpus or 'none'}", flush=True)
+    logger.info("serving %s:%d at %s over %s; GPUs visible: %s", job, index, address, protocol, gpus or "none")
     server.join()
 
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import contract
+from .logs import configure_script
 from .plan import CHIEF, JAX_LAYOUTS, PS, WORKER, Plan, Process
+
+logger = logging.getLogger(__name__)
 
 
 class NotInJobError(RuntimeError):
@@ -92,13 +96,11 @@ def strategy() -> Any:
     line saying so, so the same script runs on a laptop (`keras_distrib.fit` then calls
     ``model.fit``).
     """
+    configure_script()
     if not contract.in_job(os.environ):
-        import sys
-
         import tensorflow as tf
 
-        print("keras_distrib: not inside a keras_distrib job: running in this single "
-              "process with plain Keras", file=sys.stderr, flush=True)
+        logger.info("not inside a keras_distrib job: running in this single process with plain Keras")
         return tf.distribute.get_strategy()
     info = cluster()
     if info.layout in JAX_LAYOUTS:

@@ -12,37 +12,51 @@ channel (keras_distrib.launcher.control). The rules:
   unless restarts are allowed (--max-restarts, see restarts.py): agent 0 then orders the
   restart of the dead process (and of those that depend on it) on every node;
 * signals: SIGINT/SIGTERM/SIGUSR1 are forwarded to the children.
+
+Policy apart from mechanism, as torch's elastic agent does: ``Agent`` is a state machine
+(``State``, changed only by ``_enter``) that handles typed events (messages.py) and
+decides; what it decides is done by its mechanism: this node's processes
+(workers.LocalProcesses), the channel to the other agents (formation.py), timers and the
+requeue command. The plan is held once, as a ``Generation``, and replaced as a whole.
+docs/launcher-internals.md draws the states.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import logging
 import os
 import queue
 import signal
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
 
-from . import control
-from .children import Child, OutputFilter, describe_exit, shell_exit_code, spawn
-from .. import contract
 from ..contract import PREEMPTED_EXIT_CODE
+from ..logs import NodeLogger
 from ..network import wait_reachable
-from ..plan import CHIEF, JAX_LAYOUTS, Plan, Process, build_plan, process_for_task
+from ..plan import CHIEF, Plan, Process, process_for_task
+from . import control
+from . import requeue as requeue_job
+from .children import Child, describe_exit, shell_exit_code
+from .formation import Channel, Identity, SoloChannel, form_job
 from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
+from .messages import (
+    ChildExited, Died, Done, Event, Failed, FromPeer, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
+    ScriptStopDeadline, SignalReceived, StartupChecked, Stop,
+)
 from .options import Options
 from .prestart import require_free_ports, require_protocol
-from .restarts import restart_targets, restart_line
-from . import requeue as requeue_job
+from .restarts import restart_line, restart_targets
+from .workers import ChildSettings, Launch, LocalProcesses
+
+logger = logging.getLogger(__name__)
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 # How long an agent with no script waits for agent 0's stop order after SIGTERM/SIGINT.
@@ -52,486 +66,461 @@ ORPHAN_STOP_WAIT = 30.0
 SCRIPT_STOP_WAIT = 120.0
 
 
-def plan_digest(plan: Plan) -> str:
-    """A short fingerprint of the plan, so agents can check they agree without sending it."""
-    return hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True).encode()).hexdigest()
+class State(Enum):
+    """Where an agent is in the job's life."""
+
+    FORMING = "forming"  # connecting to the other agents, agreeing on the plan
+    RUNNING = "running"  # this node's processes run
+    WAITING = "waiting"  # this node's SCRIPTs ended well; the other agents' have not (allreduce, jax)
+    DRAINING = "draining"  # a SIGINT/SIGTERM was forwarded: waiting for SCRIPT to save and end
+    STOPPED = "stopped"  # the exit code is decided; the processes are being stopped
 
 
-def say(node: str, text: str) -> None:
-    """One agent line on stderr, in the same prefixed style as the children's output."""
-    sys.stderr.write(f"[{node} agent] keras_distrib: {text}\n")
-    sys.stderr.flush()
+#: The transitions ``_enter`` allows (a restart takes a waiting agent back to running).
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.FORMING: frozenset({State.RUNNING, State.STOPPED}),
+    State.RUNNING: frozenset({State.WAITING, State.DRAINING, State.STOPPED}),
+    State.WAITING: frozenset({State.RUNNING, State.DRAINING, State.STOPPED}),
+    State.DRAINING: frozenset({State.STOPPED}),
+    State.STOPPED: frozenset(),
+}
 
 
-@dataclass
-class AgentSpec:
-    """Who this agent is within the job."""
+@dataclass(frozen=True)
+class RunResult:
+    """How the agent ended: its exit code, the line that said why (None: SCRIPT's own end)."""
 
-    agent_id: int
-    num_agents: int
-    node: str
-    agent_nodes: dict[int, str]
-    local: bool = False
+    code: int
+    reason: str | None = None
+    restarts: int = 0
 
 
-def agent_spec(job: JobInfo, mode: str, local: bool) -> AgentSpec:
-    """Agent identity: node index in agent mode, global rank in per-role mode."""
-    if local:
-        return AgentSpec(0, 1, job.nodes[0], {0: job.nodes[0]}, local=True)
-    if mode == "per-role":
-        names = {r: job.nodes[node_of_rank(r, job.tasks_per_node)[0]] for r in range(job.num_tasks)}
-        return AgentSpec(job.rank, job.num_tasks, job.node, names)
-    return AgentSpec(job.node_index, job.num_nodes, job.node, dict(enumerate(job.nodes)))
+@dataclass(frozen=True)
+class Generation:
+    """The plan the agents run, numbered: an elastic re-forming replaces it as a whole."""
+
+    number: int
+    plan: Plan
 
 
-@dataclass
-class Agent:
-    """Runs one agent's share of the plan; ``run()`` returns the agent's exit code."""
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything one launch is given: the job, its plan and options, and what to run."""
 
-    spec: AgentSpec
     job: JobInfo
     plan: Plan
     options: Options
-    mode: str
-    script_argv: list[str]
-    check: bool
-    # SimpleQueue.put is reentrant, so the signal handler may call it safely.
-    events: queue.SimpleQueue[tuple[Any, ...]] = field(default_factory=queue.SimpleQueue)
-    children: list[Child] = field(default_factory=list)
-    stopping: bool = False
-    interrupted: int | None = None
-    done_agents: set[int] = field(default_factory=set)
-    server: control.ControlServer | None = None
-    client: control.ControlClient | None = None
-    plan_file: Path | None = None
-    secret_file: Path | None = None
-    # How a child is started, and the cluster as JSON: the control-plane benchmark, which
-    # simulates thousands of agents in one process, passes a fake and a shared encoding.
-    spawner: Callable[..., Child] = spawn
-    cluster_json: str | None = None
-    # Restarts: how each child was started (argv, env), by process name; deaths so far.
-    started_as: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
-    restarts: int = 0
+    mode: str = "agent"  # or "per-role": one task per process
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
+    check: bool = False  # run the cluster check instead of SCRIPT (also when script is None)
+    local: bool = False
 
-    # -- start-up ---------------------------------------------------------------
+    @property
+    def runs_check(self) -> bool:
+        return self.check or self.script is None
+
+
+class Processes(Protocol):
+    """This node's children, as the policy sees them (workers.LocalProcesses, or a fake)."""
+
+    def start(self, plan: Plan, launches: list[Launch]) -> None: ...
+    def restart(self, names: list[str]) -> int: ...
+    def current(self, child: Child) -> bool: ...
+    def has_script(self) -> bool: ...
+    def script_running(self) -> bool: ...
+    def forward(self, signum: int) -> None: ...
+    def shutdown(self, grace: float) -> None: ...
+
+
+class Timers(Protocol):
+    def after(self, seconds: float, event: Event) -> None: ...
+
+
+@dataclass
+class ThreadTimers:
+    """Posts ``event`` after ``seconds`` (daemon threads: an agent that ended waits for none)."""
+
+    post: Callable[[Event], None]
+
+    def after(self, seconds: float, event: Event) -> None:
+        timer = threading.Timer(seconds, self.post, (event,))
+        timer.daemon = True
+        timer.start()
+
+
+def identity_for(job: JobInfo, mode: str, local: bool) -> Identity:
+    """Agent identity: node index in agent mode, global rank in per-role mode."""
+    if local:
+        return Identity(0, 1, job.nodes[0], {0: job.nodes[0]}, local=True)
+    if mode == "per-role":
+        names = {r: job.nodes[node_of_rank(r, job.tasks_per_node)[0]] for r in range(job.num_tasks)}
+        return Identity(job.rank, job.num_tasks, job.node, names)
+    return Identity(job.node_index, job.num_nodes, job.node, dict(enumerate(job.nodes)))
+
+
+class Agent:
+    """One agent's share of the job: a state machine over events; ``run()`` returns a RunResult.
+
+    The mechanism (``processes``, ``timers``, ``requeue``, the channel that ``begin``
+    gets) is injected, so tests drive the policy with fakes, without processes.
+    """
+
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        identity: Identity,
+        processes: Processes | None = None,
+        timers: Timers | None = None,
+        requeue: Callable[..., int] = requeue_job.requeue,
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
+        self.spec = spec
+        self.identity = identity
+        self.log = NodeLogger(logger, identity.node)
+        # SimpleQueue.put is reentrant, so a signal handler may post safely.
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        options = spec.options
+        self.processes: Processes = processes or LocalProcesses(
+            lambda child, code: self.post(ChildExited(child, code)),
+            ChildSettings(options.startup_timeout, options.verbose, options.checkpoint_every, options.interface),
+        )
+        self.timers: Timers = timers or ThreadTimers(self.post)
+        self.requeue = requeue
+        self.environ = environ
+        self.channel: Channel = SoloChannel()
+        self.generation = Generation(0, spec.plan)
+        self.state = State.FORMING
+        self.result: RunResult | None = None
+        self.interrupted: int | None = None  # the SIGINT/SIGTERM being drained
+        self.restarts = 0
+        self.done_agents: set[int] = set()  # agent 0: agents whose SCRIPTs all ended well
+
+    @property
+    def plan(self) -> Plan:
+        return self.generation.plan
+
+    def post(self, event: Event) -> None:
+        self.events.put(event)
+
+    # -- what runs here -------------------------------------------------------------
 
     def my_processes(self) -> list[Process]:
-        if self.spec.local:
-            mine = list(self.plan.processes)
-        elif self.mode == "per-role":
-            mine = [process_for_task(self.job, self.plan)]
+        plan, identity = self.plan, self.identity
+        if identity.local:
+            mine = list(plan.processes)
+        elif self.spec.mode == "per-role":
+            mine = [process_for_task(self.spec.job, plan)]
         else:
-            mine = self.plan.on_node(self.job.node_index)
-        jax = self.plan.layout in JAX_LAYOUTS  # every jax process runs the check itself
-        if self.check and self.spec.agent_id == 0 and not jax and not any(p.job == CHIEF for p in self.plan.processes):
+            mine = plan.on_node(self.spec.job.node_index)
+        checks = self.spec.runs_check and identity.leader and not plan.is_jax  # jax processes check themselves
+        if checks and not any(p.job == CHIEF for p in plan.processes):
             # allreduce has no chief: the check runs as an extra client on the first node.
-            first = self.plan.processes[0]
-            mine.append(Process(first.node, 0, CHIEF, 0, first.host, self.plan.control_port() + 1, ()))
+            first = plan.processes[0]
+            mine.append(Process(first.node, 0, CHIEF, 0, first.host, plan.control_port() + 1, ()))
         return mine
 
     def runs_script(self, proc: Process) -> bool:
-        if self.check and self.plan.layout not in JAX_LAYOUTS:
+        if self.spec.runs_check and not self.plan.is_jax:
             return proc.job == CHIEF
         return self.plan.runs_script(proc)
 
-    def argv_for(self, proc: Process) -> list[str]:
-        if self.runs_script(proc):
-            return [sys.executable, "-m", "keras_distrib.check"] if self.check else self.script_argv
-        return [sys.executable, "-m", "keras_distrib.servers"]
-
-    def start(self, procs: list[Process]) -> None:
-        """Write the plan file once for this node, then start ``procs`` (see contract.py)."""
-        if self.plan_file is None:
-            self.plan_file = contract.write_plan_file(json.dumps(self.plan.to_json()))
-        # Encoded once per node: TF_CONFIG is only built when the cluster can fit in it.
-        cluster_json = self.cluster_json or json.dumps(self.plan.cluster_spec())
-        for proc in procs:
-            env = contract.child_env(
-                os.environ, self.plan, proc, self.plan_file, startup_timeout=self.options.startup_timeout,
-                verbose=self.options.verbose, checkpoint_every=self.options.checkpoint_every,
-                interface=self.options.interface, cluster_json=cluster_json,
-            )
-            self.started_as[proc.name] = (self.argv_for(proc), env)
-            self.children.append(
-                self.spawner(proc, self.argv_for(proc), env, self.runs_script(proc), self._on_exit,
-                             output=self.output_filter(proc))
-            )
-
-    def output_filter(self, proc: Process) -> OutputFilter:
-        """Banners hidden unless --verbose; allreduce workers other than 0 quiet unless --verbose."""
-        quiet = self.plan.layout == "allreduce" and proc.job != CHIEF and proc.index != 0 and not self.options.verbose
-        return OutputFilter(banners=self.options.verbose, quiet=quiet, has_gpus=bool(proc.gpus))
-
-    def _on_exit(self, child: Child, code: int) -> None:
-        self.events.put(("exit", child, code))
-
-    def form_job(self) -> None:
-        """Connect and authenticate the agents; check that all computed the same plan.
-
-        Every agent builds the plan itself (it is deterministic); agent 0 compares their
-        digests and sends only what it alone knows (the interface addresses), so the
-        start message stays small at any job size.
-        """
-        my_ip = interface_ipv4(self.options.interface, self.spec.node) if self.options.interface else None
-        if self.spec.num_agents == 1:
-            if my_ip:
-                self.plan = self._with_hosts({n: my_ip for n in self.plan.nodes})
-            return
-        port = self.plan.control_port()
-        try:
-            secret, self.secret_file = control.job_secret(self.plan.scheduler, self.plan.job_id, os.environ)
-        except OSError as exc:
-            raise control.ControlError(
-                f"cannot create the job secret in {Path.cwd() / control.SECRET_DIR} ({exc.strerror}); "
-                f"run from a writable directory shared by the nodes, or export {control.SECRET_VAR}=<random string> "
-                "in the job script"
-            ) from None
-        digest = plan_digest(self.plan)
-        if self.spec.agent_id == 0:
-            others = {a: n for a, n in self.spec.agent_nodes.items() if a != 0}
-            self.server = control.ControlServer(
-                port, self.spec.num_agents - 1, secret, log=lambda line: say(self.spec.node, line),
-                heartbeat_timeout=self.options.heartbeat_timeout, valid_agents=others,
-            )
-            hellos = self.server.gather(self.options.startup_timeout, others)
-            differ = sorted(a for a, h in hellos.items() if h.get("plan") != digest)
-            if differ:
-                raise control.ControlError(
-                    f"the plan computed on {control.first_few(others[a] for a in differ)} differs from this node's "
-                    "(different options or job variables on those nodes?)"
-                )
-            start: dict[str, Any] = {}
-            if my_ip:
-                start["hosts"] = {h["node"]: h["ip"] for h in hellos.values()} | {self.spec.node: my_ip}
-                self.plan = self._with_hosts(start["hosts"])
-            self.server.broadcast({"start": start})
-            self.server.listen(lambda agent, msg: self.events.put(("peer", agent, msg)))
+    def launch_of(self, proc: Process) -> Launch:
+        script = self.runs_script(proc)
+        if not script:
+            argv: tuple[str, ...] = (sys.executable, "-m", "keras_distrib.servers")
+        elif self.spec.runs_check:
+            argv = (sys.executable, "-m", "keras_distrib.check")
         else:
-            first = self.plan.processes[0].node
-            hello = {"agent": self.spec.agent_id, "node": self.spec.node, "ip": my_ip, "plan": digest}
-            self.client = control.ControlClient(
-                first, port, hello, self.options.startup_timeout, secret, self.options.heartbeat_timeout
-            )
-            message = self.client.receive()
-            if not message or "start" not in message:
-                raise control.ControlError(f"the agent on {first} went away before the job started")
-            if message["start"].get("hosts"):
-                self.plan = self._with_hosts(message["start"]["hosts"])
-            threading.Thread(target=self._relay_from_agent0, daemon=True).start()
+            argv = (sys.executable, "-u", str(self.spec.script), *self.spec.script_args)
+        verbose = self.spec.options.verbose
+        # allreduce workers other than 0 are quiet unless --verbose: one worker speaks for all.
+        quiet = self.plan.layout == "allreduce" and proc.job != CHIEF and proc.index != 0 and not verbose
+        return Launch(proc, argv, script, banners=verbose, quiet=quiet)
 
-    def _with_hosts(self, hosts: dict[str, str]) -> Plan:
-        return build_plan(self.job, self.plan.layout, self.plan.processes[0].port, self.plan.protocol, hosts)
+    # -- transitions ------------------------------------------------------------------
 
-    def _relay_from_agent0(self) -> None:
-        assert self.client is not None
-        while (message := self.client.receive()) is not None:
-            self.events.put(("peer", 0, message))
-        self.events.put(("peer", 0, None))
+    def _enter(self, state: State) -> None:
+        if state is self.state:
+            return
+        if state not in TRANSITIONS[self.state]:
+            raise AssertionError(f"agent {self.identity.agent_id}: no transition {self.state.name} -> {state.name}")
+        self.log.debug("state %s -> %s", self.state.name, state.name)
+        self.state = state
 
-    def watch_startup(self) -> None:
-        """Agent 0: report the TF servers that do not listen within the start-up timeout."""
-        servers = [p for p in self.plan.processes if p.job != CHIEF]
-        missing = wait_reachable([p.address for p in servers], self.options.startup_timeout)
-        self.events.put(("startup", [p for p in servers if p.address in missing]))
+    def begin(self, channel: Channel, plan: Plan) -> None:
+        """FORMING -> RUNNING: the job formed on ``plan``; start this node's processes."""
+        self.channel = channel
+        self.generation = Generation(self.generation.number, plan)
+        self.processes.start(plan, [self.launch_of(p) for p in self.my_processes()])
+        self._enter(State.RUNNING)
 
-    # -- the event loop -----------------------------------------------------------
+    def _stop(self, code: int, reason: str | None = None) -> None:
+        """-> STOPPED with ``code``; agent 0 tells every agent to stop."""
+        self.channel.to_all(Stop(code))
+        self.result = RunResult(code, reason, self.restarts)
+        self._enter(State.STOPPED)
 
-    def run(self) -> int:
+    def _fail(self, reason: str, code: int) -> None:
+        self.log.error("%s; stopping the job.", reason)
+        self.channel.to_leader(Failed(reason, code))
+        self._stop(code, reason)
+
+    # -- the event loop ---------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        """Form the job, start this node's processes, handle events until the job ends."""
         try:
-            self.form_job()
+            channel, plan = self.form()
         except control.ControlError as exc:
-            say(self.spec.node, f"error: {exc}. HINT: start one agent per node "
-                "(srun --ntasks-per-node=1), check that node names resolve and the ports are open.")
-            return 1
+            self.log.error("%s. HINT: start one agent per node (srun --ntasks-per-node=1), check that node names "
+                           "resolve and the ports are open.", exc)
+            return RunResult(1, str(exc))
         # Caught before the children start: a signal that comes while they start (say the
         # script's first line is already out) is queued and forwarded, not lost or fatal.
-        previous = {s: signal.signal(s, lambda signum, _f: self.events.put(("signal", signum))) for s in FORWARDED_SIGNALS}
-        self.start(self.my_processes())
-        if self.spec.agent_id == 0 and not self.check:  # the check reports unreachable tasks itself
-            # The script starts at once, in parallel with the servers: TensorFlow's chief
-            # waits for its peers, and importing TensorFlow in parallel saves seconds.
-            # The watchdog turns a peer that never comes up into one clear line.
-            threading.Thread(target=self.watch_startup, daemon=True).start()
-        return self.loop(previous)
-
-    def runs_any_script(self) -> bool:
-        return any(c.runs_script for c in self.children)
-
-    def loop(self, previous: dict[int, Any]) -> int:
-        """Handle events until the job ends; then restore the ``previous`` signal handlers."""
+        previous = {s: signal.signal(s, lambda signum, _f: self.post(SignalReceived(signum))) for s in FORWARDED_SIGNALS}
         try:
-            while True:
-                event = self.events.get()
-                code = self.handle(event)
-                if code is not None:
-                    return code
+            self.begin(channel, plan)
+            if self.identity.leader and not self.spec.runs_check:  # the check reports unreachable tasks itself
+                # The script starts at once, in parallel with the servers: TensorFlow's chief
+                # waits for its peers, and importing TensorFlow in parallel saves seconds.
+                # The watch turns a peer that never comes up into one clear line.
+                threading.Thread(target=self._watch_startup, name="startup-watch", daemon=True).start()
+            while self.state is not State.STOPPED:
+                self.handle(self.events.get())
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            self.shutdown()
+            if self.state is not State.STOPPED:  # an exception: the processes must still go
+                self._enter(State.STOPPED)
+            self.processes.shutdown(self.spec.options.shutdown_grace)
+            self.channel.close()
+        assert self.result is not None
+        return self.result
 
-    def handle(self, event: tuple[Any, ...]) -> int | None:
-        kind = event[0]
-        if kind == "exit":
-            return self.on_child_exit(event[1], event[2])
-        if kind == "peer":
-            return self.on_peer(event[1], event[2])
-        if kind == "signal":
-            return self.on_signal(event[1])
-        if kind == "startup":
-            return self.on_startup(event[1])
-        if kind == "script-stop-deadline":
-            say(self.spec.node, f"SCRIPT did not end within {SCRIPT_STOP_WAIT:.0f} s of the "
-                f"{signal.Signals(self.interrupted).name}; stopping every process (SIGKILL after "
-                f"{self.options.shutdown_grace:g} s).")
-            return self.stop(shell_exit_code(-self.interrupted))
-        if kind == "stop-deadline":
-            say(self.spec.node, f"no stop order from the first node within {ORPHAN_STOP_WAIT:.0f} s of the signal; stopping.")
-            return shell_exit_code(-self.interrupted) if self.interrupted else 1
-        raise AssertionError(kind)
+    def form(self) -> tuple[Channel, Plan]:
+        """Connect the agents (formation.py): the channel, and the plan all agreed on."""
+        return form_job(self.identity, self.spec.job, self.plan, self.spec.options, self.post, self.log)
 
-    def on_startup(self, unreachable: list[Process]) -> int | None:
-        if unreachable and not self.stopping:
-            listing = control.first_few(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
-            jax = self.plan.layout in JAX_LAYOUTS
-            what = "JAX processes never reached keras_distrib.distribution()" if jax else "TF servers are still unreachable"
-            return self.fail(
-                f"after {self.options.startup_timeout:.0f} s these {what}: {listing}. "
-                + ("HINT: call keras_distrib.distribution() at the top of SCRIPT; if it is called, check" if jax else "HINT: check")
-                + " that each name resolves to the right address on every node (getent hosts NODE), "
-                "that no firewall blocks the ports, or pick the network with --interface",
-                1,
-            )
-        return None
+    def _watch_startup(self) -> None:
+        """Agent 0: report the TF servers that do not listen within the start-up timeout."""
+        servers = [p for p in self.plan.processes if p.job != CHIEF]
+        missing = wait_reachable([p.address for p in servers], self.spec.options.startup_timeout)
+        self.post(StartupChecked(tuple(p for p in servers if p.address in missing)))
 
-    def on_child_exit(self, child: Child, code: int) -> int | None:
-        if self.stopping or child not in self.children:  # not in: replaced by a restart
-            return None
+    def handle(self, event: Event) -> None:
+        """One event: decide, act through the mechanism, maybe change state."""
+        if self.state is State.STOPPED:
+            return
+        match event:
+            case ChildExited(child, code):
+                self._on_child_exit(child, code)
+            case FromPeer(agent, message):
+                self._on_message(agent, message)
+            case PeerGone(agent):
+                self._on_peer_gone(agent)
+            case PeerSilent(agent, seconds):
+                self._on_node_lost(self.identity.agent_nodes[agent], seconds)
+            case SignalReceived(signum):
+                self._on_signal(signum)
+            case StartupChecked(unreachable):
+                self._on_startup(list(unreachable))
+            case ScriptStopDeadline():
+                assert self.interrupted is not None
+                self.log.info("SCRIPT did not end within %.0f s of the %s; stopping every process (SIGKILL after %g s).",
+                              SCRIPT_STOP_WAIT, signal.Signals(self.interrupted).name, self.spec.options.shutdown_grace)
+                self._stop(shell_exit_code(-self.interrupted))
+            case OrphanStopDeadline():
+                self.log.info("no stop order from the first node within %.0f s of the signal; stopping.", ORPHAN_STOP_WAIT)
+                self._stop(shell_exit_code(-self.interrupted) if self.interrupted else 1)
+            case _:
+                raise AssertionError(event)
+
+    # -- the decisions ----------------------------------------------------------------
+
+    def _on_startup(self, unreachable: list[Process]) -> None:
+        if not unreachable:
+            return
+        listing = control.first_few(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
+        jax = self.plan.is_jax
+        what = "JAX processes never reached keras_distrib.distribution()" if jax else "TF servers are still unreachable"
+        self._fail(
+            f"after {self.spec.options.startup_timeout:.0f} s these {what}: {listing}. "
+            + ("HINT: call keras_distrib.distribution() at the top of SCRIPT; if it is called, check" if jax else "HINT: check")
+            + " that each name resolves to the right address on every node (getent hosts NODE), "
+            "that no firewall blocks the ports, or pick the network with --interface",
+            1,
+        )
+
+    def _on_child_exit(self, child: Child, code: int) -> None:
+        if not self.processes.current(child):  # replaced by a restart
+            return
         if self.interrupted and not child.runs_script:
             # The SIGINT/SIGTERM this agent got (Slurm also signals every process of the
             # step) ended it: expected, not a failure. Wait for a script that got it too.
-            if self.runs_any_script():
-                return None
-            if self.client is not None:
-                self.client.send({"failed": f"{child.label} ended after the signal", "code": shell_exit_code(code)})
-            return self.stop(shell_exit_code(-self.interrupted))
+            if self.processes.has_script():
+                return
+            self.channel.to_leader(Failed(f"{child.label} ended after the signal", shell_exit_code(code)))
+            self._stop(shell_exit_code(-self.interrupted))
+            return
         # A script that died of the SIGUSR1 it was sent (no checkpoint_dir, no handler) stopped on request.
-        if self.may_restart() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1)):
-            return self.on_death(child, code)
-        if child.runs_script and (code in (0, PREEMPTED_EXIT_CODE) or not self.plan.every_process_runs_script or self.interrupted):
+        if self._may_restart() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1)):
+            self._on_death(child, code)
+            return
+        if child.runs_script and (code in (0, PREEMPTED_EXIT_CODE) or not self.plan.every_process_runs_script
+                                  or self.interrupted):
             if code != 0 or self.interrupted:
-                say(self.spec.node, f"{child.label} finished with {describe_exit(code)}")
-            if any(c.runs_script and c.popen.poll() is None for c in self.children):
-                return None
-            return self.script_done(shell_exit_code(code))
-        return self.fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
+                self.log.info("%s finished with %s", child.label, describe_exit(code))
+            if not self.processes.script_running():
+                self._script_done(shell_exit_code(code))
+            return
+        self._fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
 
-    def script_done(self, code: int) -> int | None:
-        """This agent's scripts all ended; in allreduce, agent 0 waits for every agent."""
-        if self.spec.agent_id != 0:
-            assert self.client is not None
-            self.client.send({"done": self.spec.agent_id, "code": code})
-            return None
+    def _script_done(self, code: int) -> None:
+        """This agent's SCRIPTs all ended; in allreduce and jax, agent 0 waits for every agent."""
+        if not self.identity.leader:
+            self.channel.to_leader(Done(self.identity.agent_id, code))
+            if self.state is State.RUNNING:
+                self._enter(State.WAITING)
+            return
         self.done_agents.add(0)
         if code == PREEMPTED_EXIT_CODE:
-            return self.after_preemption()
-        if code != 0 or not self.plan.every_process_runs_script or len(self.done_agents) == self.spec.num_agents:
-            return self.stop(code)
-        return None
+            self._after_preemption()
+        elif code != 0 or not self.plan.every_process_runs_script or len(self.done_agents) == self.identity.num_agents:
+            self._stop(code)
+        elif self.state is State.RUNNING:
+            self._enter(State.WAITING)
 
-    def on_peer(self, agent: int, message: dict[str, Any] | None) -> int | None:
-        if self.stopping:
-            return None
-        if self.spec.agent_id != 0:
-            if message is None:
-                if self.interrupted:  # agent 0 ended on the same signal
-                    return self.stop(shell_exit_code(-self.interrupted))
-                say(self.spec.node, f"error: lost contact with the first node's agent ({self.spec.agent_nodes[0]}); stopping.")
-                return self.stop(1)
-            if "stop" in message:
-                return self.stop(0)
-            if "restart" in message:
-                self.restart_local(message["restart"])
-            return None
-        if message is None:
-            if self.interrupted:  # that agent ended on the same signal; the script decides
-                return None
-            return self.fail(f"the agent on {self.spec.agent_nodes[agent]} disconnected unexpectedly", 1)
-        if control.LOST in message:
-            return self.on_node_lost(self.spec.agent_nodes[agent], message[control.LOST])
-        if "failed" in message:
-            return self.stop(int(message.get("code") or 1))
-        if "died" in message:
-            return self.decide_restart(message["died"], message["label"], int(message["code"]))
-        if "done" in message:
-            if message.get("code") == PREEMPTED_EXIT_CODE:
-                return self.after_preemption()
-            if message.get("code"):
-                return self.stop(int(message["code"]))
-            self.done_agents.add(agent)
-            if self.plan.every_process_runs_script and len(self.done_agents) == self.spec.num_agents:
-                return self.stop(0)
-        return None
+    def _on_message(self, agent: int, message: Any) -> None:
+        if not self.identity.leader:  # from agent 0: orders
+            match message:
+                case Stop():
+                    self._stop(0)
+                case Restart(targets):
+                    self._restart_here(list(targets))
+            return
+        match message:
+            case Failed(_, code):
+                self._stop(int(code or 1))
+            case Died(name, label, code):
+                self._decide_restart(name, label, code)
+            case Done(_, code) if code == PREEMPTED_EXIT_CODE:
+                self._after_preemption()
+            case Done(_, code) if code:
+                self._stop(int(code))
+            case Done():
+                self.done_agents.add(agent)
+                if self.plan.every_process_runs_script and len(self.done_agents) == self.identity.num_agents:
+                    self._stop(0)
 
-    def on_node_lost(self, node: str, silent_for: float) -> int:
+    def _on_peer_gone(self, agent: int) -> None:
+        if not self.identity.leader:
+            if self.interrupted:  # agent 0 ended on the same signal
+                self._stop(shell_exit_code(-self.interrupted))
+                return
+            first = self.identity.agent_nodes[0]
+            self.log.error("lost contact with the first node's agent (%s); stopping.", first)
+            self._stop(1, f"lost contact with the first node's agent ({first})")
+        elif not self.interrupted:  # else: that agent ended on the same signal; the script decides
+            self._fail(f"the agent on {self.identity.agent_nodes[agent]} disconnected unexpectedly", 1)
+
+    def _on_node_lost(self, node: str, silent_for: float) -> None:
         """Agent 0: a node went silent. Stop the job; with --requeue, requeue it to resume elsewhere."""
         reason = f"lost the node {node}: its agent sent no heartbeat for {silent_for:.0f} s (node down or network cut)"
-        if not self.options.requeue:
-            return self.fail(reason, 1)
-        say(self.spec.node, f"error: {reason}; stopping the job and requeueing it, to resume from the last checkpoint.")
-        code = requeue_job.requeue(self.plan.scheduler, os.environ, True, lambda line: say(self.spec.node, line))
-        return self.stop(1 if code == PREEMPTED_EXIT_CODE else code)
+        if not self.spec.options.requeue:
+            self._fail(reason, 1)
+            return
+        self.log.error("%s; stopping the job and requeueing it, to resume from the last checkpoint.", reason)
+        code = self.requeue(self.plan.scheduler, self.environ, True, self.log.info)
+        self._stop(1 if code == PREEMPTED_EXIT_CODE else code, reason)
 
-    def on_signal(self, signum: int) -> int | None:
+    def _on_signal(self, signum: int) -> None:
         """Forward to the children; SIGINT/SIGTERM also end the job once the script ends."""
         if signum == signal.SIGUSR2:  # SGE's -notify warning before a kill: a time-limit warning
             signum = signal.SIGUSR1
-        for child in self.children:
-            # A server gets SIGTERM for a SIGINT: it keeps serving through its grace (the
-            # script may checkpoint on KeyboardInterrupt, with variables on the ps), and a
-            # server still starting exits quietly instead of dying in a traceback.
-            child.signal(signal.SIGTERM if signum == signal.SIGINT and not child.runs_script else signum)
+        self.processes.forward(signum)
         if signum == signal.SIGUSR1:
-            return None
+            return
         self.interrupted = signum
-        say(self.spec.node, f"got {signal.Signals(signum).name}; forwarded to this node's processes.")
-        if not self.runs_any_script():
-            if self.spec.agent_id == 0 or self.spec.local:
-                return self.stop(shell_exit_code(-signum))
-            threading.Timer(ORPHAN_STOP_WAIT, lambda: self.events.put(("stop-deadline",))).start()
+        self.log.info("got %s; forwarded to this node's processes.", signal.Signals(signum).name)
+        self._enter(State.DRAINING)
+        if not self.processes.has_script():
+            if self.identity.leader:
+                self._stop(shell_exit_code(-signum))
+            else:
+                self.timers.after(ORPHAN_STOP_WAIT, OrphanStopDeadline())
         else:
-            deadline = threading.Timer(SCRIPT_STOP_WAIT, lambda: self.events.put(("script-stop-deadline",)))
-            deadline.daemon = True  # an agent that ended before it must not wait for it
-            deadline.start()
-        return None
+            self.timers.after(SCRIPT_STOP_WAIT, ScriptStopDeadline())
 
     # -- restarts (docs/faults.md) ------------------------------------------------------
 
-    def may_restart(self) -> bool:
-        return self.options.max_restarts > 0 and not self.check and not self.interrupted
+    def _may_restart(self) -> bool:
+        return self.spec.options.max_restarts > 0 and not self.spec.runs_check and not self.interrupted
 
-    def on_death(self, child: Child, code: int) -> int | None:
+    def _on_death(self, child: Child, code: int) -> None:
         """A process died (a server's any exit, a script's signal): agent 0 decides."""
-        if self.spec.agent_id != 0:
-            assert self.client is not None
-            self.client.send({"died": child.proc.name, "label": child.label, "code": code})
-            return None
-        return self.decide_restart(child.proc.name, child.label, code)
+        if not self.identity.leader:
+            self.channel.to_leader(Died(child.proc.name, child.label, code))
+        else:
+            self._decide_restart(child.proc.name, child.label, code)
 
-    def decide_restart(self, dead: str, label: str, code: int) -> int | None:
+    def _decide_restart(self, dead: str, label: str, code: int) -> None:
         """Agent 0: restart what ``dead`` takes down, on every node, or fail when the budget is spent."""
-        budget = self.options.max_restarts
+        budget = self.spec.options.max_restarts
         if self.restarts >= budget:
-            return self.fail(
+            self._fail(
                 f"{label} exited unexpectedly with {describe_exit(code)}; the restart budget is spent "
                 f"({self.restarts}/{budget}). HINT: look for the cause in its output above; raise --max-restarts if deaths are expected",
                 shell_exit_code(code) or 1,
             )
+            return
         self.restarts += 1
         targets = restart_targets(self.plan, dead)
-        say(self.spec.node, restart_line(label, describe_exit(code), targets, dead, self.restarts, budget))
+        self.log.info("%s", restart_line(label, describe_exit(code), targets, dead, self.restarts, budget))
         self.done_agents.clear()
-        if self.server is not None:
-            self.server.broadcast({"restart": targets})
-        self.restart_local(targets)
-        return None
+        self.channel.to_all(Restart(tuple(targets)))
+        self._restart_here(targets)
 
-    def restart_local(self, targets: list[str]) -> None:
-        """Kill this node's processes among ``targets`` (if alive), then start them again as before."""
-        old = [c for c in self.children if c.proc.name in targets]
-        for child in old:
-            child.signal(signal.SIGKILL)
-            child.popen.wait()
-        for child in old:
-            argv, env = self.started_as[child.proc.name]
-            fresh = self.spawner(child.proc, argv, env, child.runs_script, self._on_exit,
-                                 output=self.output_filter(child.proc))
-            self.children[self.children.index(child)] = fresh
+    def _restart_here(self, targets: list[str]) -> None:
+        if self.processes.restart(targets) and self.state is State.WAITING:
+            self._enter(State.RUNNING)
 
-    def after_preemption(self) -> int:
+    def _after_preemption(self) -> None:
         """Agent 0: SCRIPT saved a checkpoint on SIGUSR1/SIGTERM and exited: requeue, or say why not."""
-        say(self.spec.node, "SCRIPT saved a checkpoint after a preemption/time-limit signal and stopped.")
-        code = requeue_job.requeue(self.plan.scheduler, os.environ, self.options.requeue, lambda line: say(self.spec.node, line))
-        return self.stop(code)
-
-    def fail(self, reason: str, code: int) -> int:
-        say(self.spec.node, f"error: {reason}; stopping the job.")
-        if self.client is not None:
-            self.client.send({"failed": reason, "code": code})
-        return self.stop(code)
-
-    def stop(self, code: int) -> int:
-        self.stopping = True
-        if self.server is not None:
-            self.server.broadcast({"stop": code})
-        return code
-
-    def shutdown(self) -> None:
-        """SIGTERM every child's process group, SIGKILL after the grace time, drain output."""
-        self.stopping = True
-        for child in self.children:
-            # TF servers hold nothing to save and outlive SIGTERM (servers.py): kill them.
-            child.signal(signal.SIGTERM if child.runs_script else signal.SIGKILL)
-        deadline = time.monotonic() + self.options.shutdown_grace
-        for child in self.children:
-            try:
-                child.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except Exception:
-                pass
-        for child in self.children:
-            child.signal(signal.SIGKILL)
-            child.popen.wait()
-            child.pump.join(timeout=2)
-        for endpoint in (self.server, self.client):
-            if endpoint is not None:
-                endpoint.close()
-        if self.plan_file is not None:
-            contract.remove_plan_file(self.plan_file)
-        if self.secret_file is not None and self.spec.agent_id == 0:
-            self.secret_file.unlink(missing_ok=True)  # the job is over: nobody needs it
+        self.log.info("SCRIPT saved a checkpoint after a preemption/time-limit signal and stopped.")
+        self._stop(self.requeue(self.plan.scheduler, self.environ, self.spec.options.requeue, self.log.info))
 
 
 def isolate_local_job(node: str, wanted: bool) -> None:
     """Local mode: run the job in a private network (loopback only), or say why not."""
+    log = NodeLogger(logger, node)
     if not wanted:
-        say(node, "warning: --no-isolation: the job's TF servers listen on every interface of this "
-            "machine while it runs, reachable (and usable) by anyone who can reach this machine.")
+        log.warning("--no-isolation: the job's TF servers listen on every interface of this "
+                    "machine while it runs, reachable (and usable) by anyone who can reach this machine.")
         return
     try:
         isolate_network()
     except IsolationUnavailable as exc:
-        say(node, f"warning: cannot give the local job a private network ({exc.strerror}); its TF servers "
-            "listen on every interface of this machine while it runs, reachable by anyone who can reach it.")
+        log.warning("cannot give the local job a private network (%s); its TF servers listen on every "
+                    "interface of this machine while it runs, reachable by anyone who can reach it.", exc.strerror)
 
 
-def launch(
-    job: JobInfo,
-    plan: Plan,
-    options: Options,
-    mode: str,
-    script: str | None,
-    script_args: list[str],
-    check: bool,
-    local: bool,
-) -> int:
-    """Validate what needs this machine, then run this task's agent."""
-    if script is not None and not check:
-        if not Path(script).is_file():
-            raise ClusterConfigError(
-                f"SCRIPT {script!r} does not exist (working directory {os.getcwd()}).",
-                "give the training script's path, e.g. python -m keras_distrib.slurm train.py --epochs 3.",
-            )
-        script_argv = [sys.executable, "-u", script, *script_args]
-    else:
-        script_argv = []
+def launch(spec: LaunchSpec) -> int:
+    """Validate what needs this machine, then run this task's agent; its exit code."""
+    job, options = spec.job, spec.options
+    if spec.script is not None and not spec.check and not Path(spec.script).is_file():
+        raise ClusterConfigError(
+            f"SCRIPT {spec.script!r} does not exist (working directory {os.getcwd()}).",
+            "give the training script's path, e.g. python -m keras_distrib.slurm train.py --epochs 3.",
+        )
     if options.interface:
         interface_ipv4(options.interface, job.node)  # fail before starting anything
     require_protocol(options.protocol)
-    if local:
+    if spec.local:
         isolate_local_job(job.nodes[0], options.isolate)
-    agent = Agent(agent_spec(job, mode, local), job, plan, options, mode, script_argv, check or script is None)
+    agent = Agent(spec, identity_for(job, spec.mode, spec.local))
     ports = {p.port: p.name for p in agent.my_processes()}
-    if agent.spec.agent_id == 0 and agent.spec.num_agents > 1:
-        ports[plan.control_port()] = "the agents' control port"
+    if agent.identity.leader and agent.identity.num_agents > 1:
+        ports[spec.plan.control_port()] = "the agents' control port"
     require_free_ports(ports, job.node)
-    return agent.run()
+    return agent.run().code

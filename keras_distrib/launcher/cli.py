@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -12,9 +13,10 @@ from cluster_parsers import FORCE_VAR, ClusterConfigError, ClusterParser, JobInf
 
 from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
 from ..contract import KERAS_BACKEND_VAR
+from ..logs import configure_launcher
 from ..plan import Plan, build_plan, check_task_counts, tasks_mode
 
-PROG_ERROR_PREFIX = "keras_distrib: error:"
+logger = logging.getLogger(__name__)
 
 
 def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
@@ -65,7 +67,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
         options = options.merged(config)
     if args.layout is None and "layout" not in config and environ.get(KERAS_BACKEND_VAR) == "jax":
         # Keras on JAX cannot use the TensorFlow layouts: the jax layout is the one that works.
-        print("keras_distrib: KERAS_BACKEND=jax and no --layout given: using --layout jax.", file=sys.stderr)
+        logger.info("KERAS_BACKEND=jax and no --layout given: using --layout jax.")
         options = options.merged({"layout": "jax"})
     env_port = environ.get(PORT_BASE_VAR)
     if env_port:
@@ -117,9 +119,11 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
     """Parse, validate, then print the plan or launch it. Returns the exit code."""
     args = arg_parser(prog, local).parse_args(argv)
     env = os.environ
+    configure_launcher(bool(args.verbose), env)  # before anything can fail: errors are log lines
     job: JobInfo | None = None
     try:
         options = resolve_options(args, env)
+        configure_launcher(options.verbose, env)  # --config may say verbose: true
         if local:
             if options.scheduler is not None:
                 raise ClusterConfigError(
@@ -144,10 +148,11 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
         # Every task of a step checks the same environment: rank 0 reports for all, so
         # `srun --ntasks-per-node=2` shows the error once instead of once per task.
         return report_error(exc, speaks=job is None or not job.tasks_launched or job.rank == 0)
-    from .agent import launch  # TensorFlow-free, but only needed past this point
+    from .agent import LaunchSpec, launch  # TensorFlow-free, but only needed past this point
 
+    spec = LaunchSpec(job, plan, options, mode, args.script, tuple(args.script_args or ()), args.check, local)
     try:
-        return launch(job, plan, options, mode, args.script, args.script_args, check=args.check or not args.script, local=local)
+        return launch(spec)
     except ClusterConfigError as exc:
         # Checks of this machine (script path, --interface, protocol) can differ between
         # nodes: the first task on each node reports.
@@ -155,9 +160,9 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
 
 
 def report_error(exc: ClusterConfigError, speaks: bool) -> int:
-    """Print the one-line error (if this task ``speaks`` for the others); exit code 2."""
+    """Log the one-line error (if this task ``speaks`` for the others); exit code 2."""
     if speaks:
-        print(f"{PROG_ERROR_PREFIX} {exc}", file=sys.stderr)
+        logger.error("%s", exc)
     return 2
 
 

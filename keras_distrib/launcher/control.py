@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .messages import Beat, Nonce, Refused, to_wire
+
+#: A control message as JSON (messages.py types them; this module moves them).
 Message = dict[str, Any]
 
 SECRET_VAR = "KERAS_DISTRIB_SECRET"
@@ -45,7 +48,7 @@ DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 GREETING_TIMEOUT = 60.0
 # Listen backlog: thousands of agents connect at once (the kernel caps it at somaxconn).
 BACKLOG = 65535
-# A lost peer (no heartbeat) is reported with this message.
+# A lost peer (no heartbeat) is reported to the listener with ``{LOST: seconds}`` (never sent).
 LOST = "lost"
 
 
@@ -205,7 +208,7 @@ class ControlServer:
     # -- the event loop ----------------------------------------------------------------
 
     def _serve(self) -> None:
-        beat = encode({"beat": 1})
+        beat = encode(to_wire(Beat()))
         interval = self.heartbeat_timeout / 6
         next_beat = time.monotonic() + interval
         next_expiry = time.monotonic() + 0.5
@@ -236,7 +239,7 @@ class ControlServer:
             sock.settimeout(SEND_TIMEOUT)
             conn = _Connection(sock, f"{address[0]}:{address[1]}", secrets.token_hex(16), time.monotonic() + HANDSHAKE_TIMEOUT)
             try:
-                sock.sendall(encode({"nonce": conn.nonce}))
+                sock.sendall(encode(to_wire(Nonce(conn.nonce))))
             except OSError:  # a port scan: gone before the greeting (one line, as for the others)
                 sock.close()
                 self.log(f"control port {self.port}: connection from {conn.peer} closed the connection "
@@ -278,7 +281,7 @@ class ControlServer:
             return False
         if conn.agent is None:
             return self._authenticate(conn, message)
-        if "beat" not in message:
+        if Beat.KEY not in message:
             self._deliver(conn.agent, message)
         return True
 
@@ -303,7 +306,7 @@ class ControlServer:
 
     def _refuse(self, conn: _Connection, reason: str) -> None:
         try:
-            conn.sock.sendall(encode({"refused": reason}))
+            conn.sock.sendall(encode(to_wire(Refused(reason))))
         except OSError:
             pass
         self._drop(conn, reason)
@@ -386,7 +389,7 @@ class ControlClient:
                 self._sock.settimeout(max(1.0, min(GREETING_TIMEOUT, deadline - time.monotonic())))
                 self._stream = self._sock.makefile("rb")
                 greeting = json.loads(self._stream.readline(MAX_MESSAGE) or b"null")
-                if not isinstance(greeting, dict) or not isinstance(greeting.get("nonce"), str):
+                if not isinstance(greeting, dict) or not isinstance(greeting.get(Nonce.KEY), str):
                     raise ControlError(f"{host}:{port} is not a keras_distrib agent (another program holds the port?)")
                 break
             except (OSError, ValueError) as exc:  # agent 0 may not listen yet: retry until the deadline
@@ -398,13 +401,13 @@ class ControlClient:
         self._sock.settimeout(heartbeat_timeout)
         self._lock = threading.Lock()
         self.heartbeat_timeout = heartbeat_timeout
-        self.send({**hello, "auth": proof(secret, greeting["nonce"], hello)})
+        self.send({**hello, "auth": proof(secret, greeting[Nonce.KEY], hello)})
         self._closed = threading.Event()
         threading.Thread(target=self._beat, name="control-heartbeat", daemon=True).start()
 
     def _beat(self) -> None:
         while not self._closed.wait(self.heartbeat_timeout / 6):
-            self.send({"beat": 1})
+            self.send(to_wire(Beat()))
 
     def receive(self) -> Message | None:
         """The next message from agent 0; None once it is gone or silent past the timeout.
@@ -419,9 +422,9 @@ class ControlClient:
                 return None
             if message is None:
                 return None
-            if "refused" in message:
-                raise ControlError(f"the first node's agent refused this agent: {message['refused']}")
-            if "beat" not in message:
+            if Refused.KEY in message:
+                raise ControlError(f"the first node's agent refused this agent: {message[Refused.KEY]}")
+            if Beat.KEY not in message:
                 return message
 
     def send(self, message: Message) -> None:

@@ -10,11 +10,16 @@ TensorFlow.
 from __future__ import annotations
 
 import inspect
+import logging
 import weakref
 from typing import Any
 
+from ..logs import configure_script
+
 from ._common import TrainerError
 from ._private_apis import warn_if_untested
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["fit", "evaluate", "predict", "build", "ParameterServerTrainer", "AllReduceTrainer", "TrainerError", "trainer_for"]
 
@@ -50,6 +55,7 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
     """
     from ._common import resolve_strategy, strategy_kind
 
+    configure_script()
     cached = _TRAINERS.get(model)
     if strategy is None and cached is not None:
         strategy = cached.strategy
@@ -136,9 +142,9 @@ def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int |
     ``batch_size``: examples per optimizer update (parameter server: each worker step;
     all-reduce: the global batch, split over the workers). Returns the History.
     """
+    configure_script()
     if _single_process(model, strategy):
-        print("keras_distrib: not inside a keras_distrib job: training with Keras model.fit in this process",
-              flush=True)
+        logger.info("not inside a keras_distrib job: training with Keras model.fit in this process")
         return _keras_fit(model, *args, **kwargs)
     trainer = trainer_for(model, strategy, steps_per_execution=steps_per_execution, ps_stale_reads=ps_stale_reads,
                           ps_local_steps=ps_local_steps)

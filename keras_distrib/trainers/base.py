@@ -16,6 +16,7 @@ batch of each shard may be short: up to one short batch per worker per epoch.
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 import tempfile
@@ -26,10 +27,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import data as kd_data
-from ..checkpoints import Meta, Preempted, preemption_signals, say, where_in_training
+from ..checkpoints import Meta, Preempted, preemption_signals, where_in_training
 from . import callbacks as cb_utils
 from ._common import CheckpointKeeper, TrainerError, check_model
 from .metrics import MetricSet, Totals
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -304,7 +307,7 @@ class Trainer:
         finally:
             if self.is_chief and verbose != 0:
                 newest = keeper.checkpointer.store.latest() if keeper is not None else None
-                say(summary_line(self.epoch_stats[first_stat:], time.perf_counter() - started, outcome,
+                logger.info("%s", summary_line(self.epoch_stats[first_stat:], time.perf_counter() - started, outcome,
                                  keeper.checkpointer.store.directory if keeper is not None else None,
                                  newest[1] if newest else None))
             self._keeper = None
@@ -340,7 +343,7 @@ class Trainer:
                 logs.update(self._evaluate(val, cbs, steps=validation_steps, prefix="val_"))
             cbs.on_epoch_end(epoch, logs)
             if report and self.is_chief:  # after Keras' progress bar finished its epoch line
-                say(epoch_line(stats, epochs))
+                logger.info("%s", epoch_line(stats, epochs))
             # After the callbacks: the checkpoint holds their view of this epoch (best values,
             # a learning rate ReduceLROnPlateau just lowered).
             self._save_checkpoint(keeper)

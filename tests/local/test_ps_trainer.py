@@ -502,7 +502,7 @@ def test_errors_outside_job_and_wrong_layout(strategy: Any, monkeypatch: Any, ca
     plain = mlp()  # no strategy scope, no TF_CONFIG: plain Keras model.fit, said in one line
     history = keras_distrib.fit(plain, *data, epochs=2, verbose=0)
     assert len(history.history["loss"]) == 2
-    assert "not inside a keras_distrib job" in capsys.readouterr().out
+    assert "keras_distrib: not inside a keras_distrib job" in capsys.readouterr().err  # a log line
     monkeypatch.setenv("KERAS_DISTRIB_LAYOUT", "allreduce")  # a job, but no strategy in scope
     with pytest.raises(TrainerError, match=r"HINT: .*python -m keras_distrib\.local --nodes 2 SCRIPT") as info:
         keras_distrib.fit(mlp(), data)

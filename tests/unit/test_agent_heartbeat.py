@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 
 from cluster_parsers import JobInfo
-from keras_distrib.launcher.agent import Agent, AgentSpec
+from keras_distrib.launcher.agent import Agent, LaunchSpec
+from keras_distrib.launcher.formation import Identity, form_job
+from keras_distrib.launcher.messages import FromPeer, Stop
 from keras_distrib.launcher.options import Options
+from keras_distrib.logs import configure_launcher
 from keras_distrib.plan import build_plan
 
 pytestmark = pytest.mark.unit
@@ -26,11 +29,14 @@ def free_port_block() -> int:
 
 
 def make_agent(agent_id: int, job: JobInfo, port_base: int, options: Options) -> Agent:
-    spec = AgentSpec(agent_id, job.num_nodes, job.nodes[agent_id], dict(enumerate(job.nodes)))
+    identity = Identity(agent_id, job.num_nodes, job.nodes[agent_id], dict(enumerate(job.nodes)))
     here = JobInfo(job.scheduler, job.job_id, job.nodes, job.tasks_per_node, node_index=agent_id)
-    agent = Agent(spec, here, build_plan(here, "allreduce", port_base), options, "agent", ["train.py"], False)
-    agent.spawner = lambda *args, **kwargs: None
-    return agent
+    return Agent(LaunchSpec(here, build_plan(here, "allreduce", port_base), options, script="train.py"), identity)
+
+
+def form(agent: Agent) -> None:
+    """The real formation, then the channel handed to the agent (no process is started)."""
+    agent.channel, plan = form_job(agent.identity, agent.spec.job, agent.plan, agent.spec.options, agent.post, agent.log)
 
 
 @pytest.mark.parametrize("requeue", [False, True])
@@ -49,17 +55,20 @@ def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pyte
     options = Options(startup_timeout=120.0, heartbeat_timeout=1.5, requeue=requeue)
     port_base = free_port_block()
     agents = [make_agent(i, job, port_base, options) for i in range(3)]
-    threads = [threading.Thread(target=a.form_job) for a in agents]
+    configure_launcher()  # the launcher's entry point does this: lines go to stderr
+    threads = [threading.Thread(target=form, args=(a,)) for a in agents]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     try:
-        assert agents[0].server is not None and all(a.client is not None for a in agents[1:])
-        agents[2].client._closed.set()  # n3 goes silent: no heartbeat, its socket stays open
+        assert hasattr(agents[0].channel, "server") and all(hasattr(a.channel, "client") for a in agents[1:])
+        agents[2].channel.client._closed.set()  # n3 goes silent: no heartbeat, its socket stays open
         started = time.monotonic()
         event: Any = agents[0].events.get(timeout=15)
-        code = agents[0].handle(event)
+        agents[0].handle(event)
+        assert agents[0].result is not None
+        code = agents[0].result.code
         took = time.monotonic() - started
         assert code == (0 if requeue else 1) and took < 10
         err = capsys.readouterr().err
@@ -70,10 +79,9 @@ def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pyte
         else:
             assert not calls.exists() and "requeue" not in err
         # n2 is told to stop; it was never reported lost
-        assert agents[1].events.get(timeout=5) == ("peer", 0, {"stop": code})
+        assert agents[1].events.get(timeout=5) == FromPeer(0, Stop(code))
+        assert (tmp_path / ".keras_distrib" / "secret-slurm-99").read_text() != ""
     finally:
         for a in agents:
-            for end in (a.server, a.client):
-                if end is not None:
-                    end.close()
-    assert not (tmp_path / ".keras_distrib" / "secret-slurm-99").read_text() == ""
+            a.channel.close()
+    assert not (tmp_path / ".keras_distrib" / "secret-slurm-99").exists()  # agent 0 removed it at the end

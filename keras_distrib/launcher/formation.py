@@ -1,0 +1,214 @@
+"""Forming the job (mechanism): connect the agents, agree on the plan, open their channel.
+
+Every agent builds the plan itself (it is deterministic); agent 0 compares their digests
+and sends only what it alone knows (the interface addresses), so the start message stays
+small at any job size. The result is a ``Channel`` (typed messages over control.py) and
+the plan every agent now holds: the only place where a plan is rebuilt from the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from cluster_parsers import JobInfo
+
+from ..plan import Plan, build_plan
+from . import control
+from .interfaces import interface_ipv4
+from .messages import Event, FromPeer, Hello, JobMessage, MessageError, PeerGone, PeerSilent, Start, decode, to_wire
+from .options import Options
+
+logger = logging.getLogger(__name__)
+
+
+def plan_digest(plan: Plan) -> str:
+    """A short fingerprint of the plan, so agents can check they agree without sending it."""
+    return hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this agent is within the job."""
+
+    agent_id: int
+    num_agents: int
+    node: str
+    agent_nodes: Mapping[int, str]
+    local: bool = False
+
+    @property
+    def leader(self) -> bool:
+        """Agent 0: decides for the job (restarts, the end, requeue)."""
+        return self.agent_id == 0
+
+
+class Channel(Protocol):
+    """What the agent's policy sends; the agents' own messages arrive as events."""
+
+    def to_leader(self, message: JobMessage) -> None:
+        """To agent 0 (nothing on agent 0 itself)."""
+
+    def to_all(self, message: JobMessage) -> None:
+        """From agent 0 to every other agent (nothing elsewhere)."""
+
+    def close(self) -> None:
+        """End the connection(s) at the end of the job."""
+
+
+class SoloChannel:
+    """A job of one agent: nobody to talk to."""
+
+    def to_leader(self, message: JobMessage) -> None:
+        pass
+
+    def to_all(self, message: JobMessage) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class LeaderChannel:
+    """Agent 0's end: the control server; the job secret file goes with it."""
+
+    def __init__(self, server: control.ControlServer, secret_file: Path | None) -> None:
+        self.server = server
+        self.secret_file = secret_file
+
+    def to_leader(self, message: JobMessage) -> None:
+        pass
+
+    def to_all(self, message: JobMessage) -> None:
+        self.server.broadcast(to_wire(message))
+
+    def close(self) -> None:
+        self.server.close()
+        if self.secret_file is not None:
+            self.secret_file.unlink(missing_ok=True)  # the job is over: nobody needs it
+
+
+class FollowerChannel:
+    """Every other agent's end: the control client, relayed as events by a thread."""
+
+    def __init__(self, client: control.ControlClient, post: Callable[[Event], None]) -> None:
+        self.client = client
+        self._post = post
+        threading.Thread(target=self._relay, name="control-relay", daemon=True).start()
+
+    def _relay(self) -> None:
+        while (raw := self.client.receive()) is not None:
+            event = peer_event(0, raw)
+            if event is not None:
+                self._post(event)
+        self._post(PeerGone(0))
+
+    def to_leader(self, message: JobMessage) -> None:
+        self.client.send(to_wire(message))
+
+    def to_all(self, message: JobMessage) -> None:
+        pass
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def peer_event(agent: int, raw: control.Message | None) -> Event | None:
+    """The event for what the control channel delivered (None: an unknown kind, logged)."""
+    if raw is None:
+        return PeerGone(agent)
+    if control.LOST in raw:
+        return PeerSilent(agent, float(raw[control.LOST]))
+    try:
+        message = decode(raw)
+    except MessageError as exc:  # an authenticated agent of another version: say so, go on
+        logger.warning("agent %d sent %s; ignored", agent, exc)
+        return None
+    if isinstance(message, JobMessage):
+        return FromPeer(agent, message)
+    return None
+
+
+def readdressed(job: JobInfo, plan: Plan, hosts: Mapping[str, str]) -> Plan:
+    """The same plan with the nodes reached at ``hosts`` (interface addresses)."""
+    return build_plan(job, plan.layout, plan.processes[0].port, plan.protocol, hosts)
+
+
+def form_job(
+    identity: Identity,
+    job: JobInfo,
+    plan: Plan,
+    options: Options,
+    post: Callable[[Event], None],
+    log: Any = logger,
+) -> tuple[Channel, Plan]:
+    """Connect and authenticate the agents; check that all computed the same plan.
+
+    Returns the channel and the plan to run (readdressed with --interface). Raises
+    ControlError naming what is missing.
+    """
+    my_ip = interface_ipv4(options.interface, identity.node) if options.interface else None
+    if identity.num_agents == 1:
+        return SoloChannel(), readdressed(job, plan, {n: my_ip for n in plan.nodes}) if my_ip else plan
+    port = plan.control_port()
+    try:
+        secret, secret_file = control.job_secret(plan.scheduler, plan.job_id, os.environ)
+    except OSError as exc:
+        raise control.ControlError(
+            f"cannot create the job secret in {Path.cwd() / control.SECRET_DIR} ({exc.strerror}); "
+            f"run from a writable directory shared by the nodes, or export {control.SECRET_VAR}=<random string> "
+            "in the job script"
+        ) from None
+    digest = plan_digest(plan)
+    if identity.leader:
+        others = {a: n for a, n in identity.agent_nodes.items() if a != 0}
+        server = control.ControlServer(
+            port, identity.num_agents - 1, secret, log=log.info,
+            heartbeat_timeout=options.heartbeat_timeout, valid_agents=others,
+        )
+        channel = LeaderChannel(server, secret_file)
+        try:
+            hellos = server.gather(options.startup_timeout, others)
+            differ = sorted(a for a, h in hellos.items() if h.get("plan") != digest)
+            if differ:
+                raise control.ControlError(
+                    f"the plan computed on {control.first_few(others[a] for a in differ)} differs from this node's "
+                    "(different options or job variables on those nodes?)"
+                )
+        except control.ControlError:
+            channel.close()
+            raise
+        start = Start()
+        if my_ip:
+            start = Start(hosts={h["node"]: h["ip"] for h in hellos.values()} | {identity.node: my_ip})
+            plan = readdressed(job, plan, start.hosts or {})
+        channel.to_all(start)
+
+        def deliver(agent: int, raw: control.Message | None) -> None:
+            event = peer_event(agent, raw)
+            if event is not None:
+                post(event)
+
+        server.listen(deliver)
+        return channel, plan
+    first = plan.processes[0].node
+    hello = Hello(identity.agent_id, identity.node, my_ip, digest)
+    client = control.ControlClient(first, port, to_wire(hello), options.startup_timeout, secret, options.heartbeat_timeout)
+    raw = client.receive()
+    try:
+        message = decode(raw) if raw is not None else None
+    except MessageError:
+        message = None
+    if not isinstance(message, Start):
+        client.close()
+        raise control.ControlError(f"the agent on {first} went away before the job started")
+    if message.hosts:
+        plan = readdressed(job, plan, message.hosts)
+    return FollowerChannel(client, post), plan

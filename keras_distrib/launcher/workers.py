@@ -1,0 +1,127 @@
+"""This node's processes (mechanism): start, restart, signal and stop them; the plan file.
+
+The agent's policy decides what runs (``Launch``); ``LocalProcesses`` does it with real
+processes (children.spawn), each child's environment from ``contract.child_env``. The
+lifecycle tests replace it with a fake of the same methods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import contract
+from ..plan import Plan, Process
+from .children import Child, OutputFilter, spawn
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process this node starts: what runs, and how its output is shown."""
+
+    proc: Process
+    argv: tuple[str, ...]
+    runs_script: bool
+    banners: bool = False  # TensorFlow's start-up banners shown (--verbose)
+    quiet: bool = False  # nothing shown unless it fails on its own (allreduce workers > 0)
+
+
+@dataclass(frozen=True)
+class ChildSettings:
+    """What the options say about every child's environment (see contract.child_env)."""
+
+    startup_timeout: float
+    verbose: bool = False
+    checkpoint_every: str | None = None
+    interface: str | None = None
+
+
+@dataclass
+class LocalProcesses:
+    """The children of this agent, started as ``Launch`` says with the contract's environment."""
+
+    on_exit: Callable[[Child, int], None]
+    settings: ChildSettings
+    # How a child is started, and the cluster as JSON: the control-plane benchmark, which
+    # simulates thousands of agents in one process, passes a fake and a shared encoding.
+    spawner: Callable[..., Any] = spawn
+    cluster_json: str | None = None
+    plan_file: Path | None = None
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+    children: list[Any] = field(default_factory=list)
+    # How each child was started (its launch and environment), for restarts.
+    _started: dict[str, tuple[Launch, dict[str, str]]] = field(default_factory=dict)
+
+    def start(self, plan: Plan, launches: Sequence[Launch]) -> None:
+        """Write the plan file once for this node, then start ``launches``."""
+        if self.plan_file is None:
+            self.plan_file = contract.write_plan_file(json.dumps(plan.to_json()))
+        # Encoded once per node: TF_CONFIG is only built when the cluster can fit in it.
+        cluster_json = self.cluster_json or json.dumps(plan.cluster_spec())
+        for launch in launches:
+            env = contract.child_env(
+                self.environ, plan, launch.proc, self.plan_file, startup_timeout=self.settings.startup_timeout,
+                verbose=self.settings.verbose, checkpoint_every=self.settings.checkpoint_every,
+                interface=self.settings.interface, cluster_json=cluster_json,
+            )
+            self._started[launch.proc.name] = (launch, env)
+            self.children.append(self._spawn(launch, env))
+
+    def _spawn(self, launch: Launch, env: dict[str, str]) -> Any:
+        output = OutputFilter(banners=launch.banners, quiet=launch.quiet, has_gpus=bool(launch.proc.gpus))
+        return self.spawner(launch.proc, list(launch.argv), env, launch.runs_script, self.on_exit, output=output)
+
+    def restart(self, names: Collection[str]) -> int:
+        """Kill this node's processes among ``names`` (if alive), start them again as before; how many."""
+        old = [c for c in self.children if c.proc.name in names]
+        for child in old:
+            child.signal(signal.SIGKILL)
+            child.popen.wait()
+        for child in old:
+            self.children[self.children.index(child)] = self._spawn(*self._started[child.proc.name])
+        return len(old)
+
+    def current(self, child: Child) -> bool:
+        """False for a child a restart replaced (its exit is no news)."""
+        return child in self.children
+
+    def has_script(self) -> bool:
+        """Whether SCRIPT runs on this node (alive or ended)."""
+        return any(c.runs_script for c in self.children)
+
+    def script_running(self) -> bool:
+        return any(c.runs_script and c.popen.poll() is None for c in self.children)
+
+    def forward(self, signum: int) -> None:
+        """Pass a signal the agent got to its children.
+
+        A server gets SIGTERM for a SIGINT: it keeps serving through its grace (the script
+        may checkpoint on KeyboardInterrupt, with variables on the ps), and a server still
+        starting exits quietly instead of dying in a traceback.
+        """
+        for child in self.children:
+            child.signal(signal.SIGTERM if signum == signal.SIGINT and not child.runs_script else signum)
+
+    def shutdown(self, grace: float) -> None:
+        """SIGTERM every child's process group, SIGKILL after ``grace``, drain output; remove the plan file."""
+        for child in self.children:
+            # TF servers hold nothing to save and outlive SIGTERM (servers.py): kill them.
+            child.signal(signal.SIGTERM if child.runs_script else signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        for child in self.children:
+            try:
+                child.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception:
+                pass
+        for child in self.children:
+            child.signal(signal.SIGKILL)
+            child.popen.wait()
+            child.pump.join(timeout=2)
+        if self.plan_file is not None:
+            contract.remove_plan_file(self.plan_file)

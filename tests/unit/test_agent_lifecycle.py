@@ -1,0 +1,398 @@
+"""The agent's state machine, driven with fake children, a fake channel and fake timers.
+
+No process, socket or thread: each case feeds events to ``Agent.handle`` and checks the
+state, the result, what the agent did to its processes and what it sent to the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from cluster_parsers import JobInfo
+from keras_distrib.contract import PREEMPTED_EXIT_CODE
+from keras_distrib.launcher.agent import TRANSITIONS, Agent, LaunchSpec, State
+from keras_distrib.launcher.formation import Identity
+from keras_distrib.launcher.messages import (
+    ChildExited, Died, Done, Event, Failed, FromPeer, JobMessage, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
+    ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop,
+)
+from keras_distrib.launcher.options import Options
+from keras_distrib.launcher.workers import Launch
+from keras_distrib.plan import Plan, Process, build_plan
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass(eq=False)
+class FakeChild:
+    proc: Process
+    runs_script: bool
+    alive: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.proc.name} on {self.proc.node}"
+
+
+@dataclass
+class FakeProcesses:
+    children: list[FakeChild] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    restarted: list[list[str]] = field(default_factory=list)
+    forwarded: list[int] = field(default_factory=list)
+
+    def start(self, plan: Plan, launches: list[Launch]) -> None:
+        self.launches += launches
+        self.children += [FakeChild(launch.proc, launch.runs_script) for launch in launches]
+
+    def restart(self, names: list[str]) -> int:
+        self.restarted.append(list(names))
+        old = [c for c in self.children if c.proc.name in names]
+        for child in old:
+            self.children[self.children.index(child)] = FakeChild(child.proc, child.runs_script)
+        return len(old)
+
+    def current(self, child: Any) -> bool:
+        return child in self.children
+
+    def has_script(self) -> bool:
+        return any(c.runs_script for c in self.children)
+
+    def script_running(self) -> bool:
+        return any(c.runs_script and c.alive for c in self.children)
+
+    def forward(self, signum: int) -> None:
+        self.forwarded.append(signum)
+
+    def shutdown(self, grace: float) -> None:
+        pass
+
+    def named(self, name: str) -> FakeChild:
+        return next(c for c in self.children if c.proc.name == name)
+
+
+@dataclass
+class FakeChannel:
+    to_leader_sent: list[JobMessage] = field(default_factory=list)
+    to_all_sent: list[JobMessage] = field(default_factory=list)
+
+    def to_leader(self, message: JobMessage) -> None:
+        self.to_leader_sent.append(message)
+
+    def to_all(self, message: JobMessage) -> None:
+        self.to_all_sent.append(message)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakeTimers:
+    pending: list[tuple[float, Event]] = field(default_factory=list)
+
+    def after(self, seconds: float, event: Event) -> None:
+        self.pending.append((seconds, event))
+
+
+@dataclass
+class Harness:
+    agent: Agent
+    processes: FakeProcesses
+    channel: FakeChannel
+    timers: FakeTimers
+    requeued: list[bool]
+
+    def exit(self, name: str, code: int) -> None:
+        """The child ``name`` ends with ``code`` (a negative code: killed by that signal)."""
+        child = self.processes.named(name)
+        child.alive = False
+        self.agent.handle(ChildExited(child, code))  # type: ignore[arg-type]
+
+    @property
+    def state(self) -> State:
+        return self.agent.state
+
+
+NODES = ("n1", "n2", "n3")
+
+
+def harness(layout: str = "ps-per-node", agent_id: int = 0, requeue_code: int = 0, **options: Any) -> Harness:
+    job = JobInfo("slurm", "5", NODES, (1, 1, 1), node_index=agent_id)
+    plan = build_plan(job, layout)
+    identity = Identity(agent_id, len(NODES), NODES[agent_id], dict(enumerate(NODES)))
+    processes, channel, timers, requeued = FakeProcesses(), FakeChannel(), FakeTimers(), []
+
+    def requeue(scheduler: str, environ: Any, enabled: bool, say: Any) -> int:
+        requeued.append(enabled)
+        return requeue_code if enabled else PREEMPTED_EXIT_CODE
+
+    agent = Agent(LaunchSpec(job, plan, Options(**options), script="train.py"), identity, processes=processes,
+                  timers=timers, requeue=requeue, environ={})
+    agent.begin(channel, plan)
+    return Harness(agent, processes, channel, timers, requeued)
+
+
+@pytest.fixture(autouse=True)
+def lines() -> Iterator[list[str]]:
+    """The agent's log lines (whatever logging the process has configured)."""
+    seen: list[str] = []
+    handler = logging.Handler(logging.INFO)  # the transitions are DEBUG lines
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("keras_distrib")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield seen
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+# -- start ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("layout", "agent_id", "expected"), [
+    ("ps-per-node", 0, [("chief:0", True), ("ps:0", False), ("worker:0", False)]),
+    ("ps-per-node", 2, [("ps:2", False), ("worker:2", False)]),
+    ("allreduce", 1, [("worker:1", True)]),
+    ("jax", 0, [("worker:0", True)]),
+])
+def test_start_launches_this_nodes_processes(layout: str, agent_id: int, expected: list[Any]) -> None:
+    h = harness(layout, agent_id)
+    assert h.state is State.RUNNING and h.agent.generation.number == 0
+    assert [(launch.proc.name, launch.runs_script) for launch in h.processes.launches] == expected
+    for launch in h.processes.launches:
+        assert launch.argv[-1] == "train.py" if launch.runs_script else launch.argv[-1] == "keras_distrib.servers"
+    # allreduce: workers other than 0 are quiet unless --verbose
+    assert [launch.quiet for launch in h.processes.launches] == [layout == "allreduce" and agent_id > 0] * len(expected)
+    assert h.channel.to_all_sent == h.channel.to_leader_sent == []
+
+
+def test_only_the_allowed_transitions_happen() -> None:
+    h = harness()
+    with pytest.raises(AssertionError, match="no transition RUNNING -> FORMING"):
+        h.agent._enter(State.FORMING)
+    assert TRANSITIONS[State.STOPPED] == frozenset()
+
+
+# -- deaths and restarts ------------------------------------------------------------------
+
+
+def test_a_dead_worker_with_restarts_left_is_restarted_alone(lines: list[str]) -> None:
+    h = harness(max_restarts=2)
+    h.exit("worker:0", -signal.SIGKILL)
+    assert h.state is State.RUNNING and h.agent.restarts == 1
+    assert h.processes.restarted == [["worker:0"]]
+    assert h.channel.to_all_sent == [Restart(("worker:0",))]
+    assert "worker:0 on n1 exited with signal 9 (SIGKILL); restarting it (1/2)" in lines
+
+
+def test_a_dead_ps_restarts_the_chief_too() -> None:
+    h = harness()
+    h.agent.handle(FromPeer(1, Died("ps:1", "ps:1 on n2", -9)))
+    assert h.channel.to_all_sent == [Restart(("ps:1", "chief:0"))]
+    assert h.processes.restarted == [["ps:1", "chief:0"]]
+
+
+def test_an_exit_of_a_replaced_child_is_no_news() -> None:
+    h = harness()
+    old = h.processes.named("worker:0")
+    h.exit("worker:0", -9)
+    h.agent.handle(ChildExited(old, -9))  # type: ignore[arg-type]  # the same, delivered late
+    assert h.agent.restarts == 1 and h.state is State.RUNNING
+
+
+def test_another_node_reports_a_death_and_waits_for_the_order() -> None:
+    h = harness(agent_id=1)
+    h.exit("worker:1", -9)
+    assert h.channel.to_leader_sent == [Died("worker:1", "worker:1 on n2", -9)]
+    assert h.processes.restarted == []
+    h.agent.handle(FromPeer(0, Restart(("worker:1",))))
+    assert h.processes.restarted == [["worker:1"]] and h.state is State.RUNNING
+
+
+def test_allreduce_restart_brings_a_waiting_agent_back_to_running() -> None:
+    h = harness("allreduce", agent_id=1)
+    h.exit("worker:1", 0)
+    assert h.state is State.WAITING and h.channel.to_leader_sent == [Done(1, 0)]
+    h.agent.handle(FromPeer(0, Restart(("worker:0", "worker:1", "worker:2"))))
+    assert h.state is State.RUNNING
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1, 2])
+def test_a_spent_budget_stops_the_job_naming_the_process(max_restarts: int, lines: list[str]) -> None:
+    h = harness(max_restarts=max_restarts)
+    for _ in range(max_restarts):
+        h.exit("ps:0", -9)
+        assert h.state is State.RUNNING
+    h.exit("ps:0", -9)
+    assert h.state is State.STOPPED and h.agent.result is not None
+    assert h.agent.result.code == 137 and h.agent.result.restarts == max_restarts
+    assert h.channel.to_all_sent[-1] == Stop(137)
+    if max_restarts:
+        assert f"the restart budget is spent ({max_restarts}/{max_restarts})" in lines[-1]
+    else:  # restarts off: the first death stops the job
+        assert lines[-1] == "ps:0 on n1 exited unexpectedly with signal 9 (SIGKILL); stopping the job."
+
+
+def test_script_failing_on_its_own_is_not_restarted() -> None:
+    h = harness()
+    h.exit("chief:0", 3)
+    assert h.agent.result is not None and h.agent.result.code == 3 and h.processes.restarted == []
+
+
+# -- preemption and signals -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("requeue", "code"), [(False, PREEMPTED_EXIT_CODE), (True, 0)])
+def test_a_checkpoint_after_preemption_requeues_when_asked(requeue: bool, code: int) -> None:
+    h = harness(requeue=requeue)
+    h.agent.handle(SignalReceived(signal.SIGUSR1))
+    assert h.processes.forwarded == [signal.SIGUSR1] and h.state is State.RUNNING
+    h.exit("chief:0", PREEMPTED_EXIT_CODE)
+    assert h.requeued == [requeue]
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == code
+
+
+def test_sigterm_drains_then_ends_with_the_script() -> None:
+    h = harness()
+    h.agent.handle(SignalReceived(signal.SIGTERM))
+    assert h.state is State.DRAINING and h.processes.forwarded == [signal.SIGTERM]
+    assert [type(e) for _, e in h.timers.pending] == [ScriptStopDeadline]
+    h.exit("ps:0", -signal.SIGTERM)  # a server ended by the same signal: expected, not restarted
+    assert h.state is State.DRAINING and h.processes.restarted == []
+    h.exit("chief:0", PREEMPTED_EXIT_CODE)
+    assert h.agent.result is not None and h.agent.result.code == PREEMPTED_EXIT_CODE
+
+
+def test_a_hung_script_is_stopped_at_the_deadline(lines: list[str]) -> None:
+    h = harness()
+    h.agent.handle(SignalReceived(signal.SIGINT))
+    h.agent.handle(ScriptStopDeadline())
+    assert h.agent.result is not None and h.agent.result.code == 130
+    assert lines[-1].startswith("SCRIPT did not end within 120 s of the SIGINT")
+
+
+def test_sigterm_on_a_node_without_script_waits_for_the_order() -> None:
+    h = harness(agent_id=2)
+    h.agent.handle(SignalReceived(signal.SIGTERM))
+    assert h.state is State.DRAINING and [type(e) for _, e in h.timers.pending] == [OrphanStopDeadline]
+    h.agent.handle(FromPeer(0, Stop(143)))
+    assert h.agent.result is not None and h.agent.result.code == 0
+
+
+def test_no_order_after_the_signal_stops_anyway() -> None:
+    h = harness(agent_id=2)
+    h.agent.handle(SignalReceived(signal.SIGTERM))
+    h.agent.handle(OrphanStopDeadline())
+    assert h.agent.result is not None and h.agent.result.code == 143
+
+
+def test_sigterm_on_agent_0_without_script_stops_at_once() -> None:
+    h = harness("allreduce", agent_id=0)
+    h.processes.children.clear()  # e.g. the check: nothing of SCRIPT here
+    h.agent.handle(SignalReceived(signal.SIGTERM))
+    assert h.agent.result is not None and h.agent.result.code == 143 and h.channel.to_all_sent == [Stop(143)]
+
+
+# -- peers ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("requeue", [False, True])
+def test_a_lost_node_stops_the_job_and_requeues_when_asked(requeue: bool, lines: list[str]) -> None:
+    h = harness(requeue=requeue)
+    h.agent.handle(PeerSilent(2, 31.2))
+    assert h.state is State.STOPPED and h.agent.result is not None
+    assert h.agent.result.reason == "lost the node n3: its agent sent no heartbeat for 31 s (node down or network cut)"
+    assert h.requeued == ([True] if requeue else [])
+    assert h.agent.result.code == (0 if requeue else 1)
+    assert h.channel.to_all_sent == [Stop(h.agent.result.code)]
+
+
+def test_an_agent_that_disconnects_fails_the_job() -> None:
+    h = harness()
+    h.agent.handle(PeerGone(1))
+    assert h.agent.result is not None and h.agent.result.code == 1
+    assert h.agent.result.reason == "the agent on n2 disconnected unexpectedly"
+
+
+def test_losing_agent_0_stops_this_node() -> None:
+    h = harness(agent_id=1)
+    h.agent.handle(PeerGone(0))
+    assert h.agent.result is not None and h.agent.result.code == 1
+
+
+def test_another_agents_failure_stops_the_job_with_its_code() -> None:
+    h = harness()
+    h.agent.handle(FromPeer(2, Failed("worker:2 on n3 exited unexpectedly with exit code 4", 4)))
+    assert h.agent.result is not None and h.agent.result.code == 4 and h.channel.to_all_sent == [Stop(4)]
+
+
+def test_unreachable_servers_at_start_up_fail_naming_them() -> None:
+    h = harness()
+    h.agent.handle(StartupChecked(()))
+    assert h.state is State.RUNNING
+    ps = h.agent.plan.find("ps", 1)
+    h.agent.handle(StartupChecked((ps,)))
+    assert h.agent.result is not None and h.agent.result.code == 1 and "(ps:1 on n2)" in (h.agent.result.reason or "")
+
+
+# -- clean exit -------------------------------------------------------------------------------
+
+
+def test_ps_job_ends_when_the_chief_ends() -> None:
+    h = harness()
+    h.exit("chief:0", 0)
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 0
+    assert h.agent.result.reason is None and h.channel.to_all_sent == [Stop(0)]
+    h.agent.handle(PeerGone(1))  # after the end, nothing changes
+    assert h.agent.result.code == 0
+
+
+def test_allreduce_job_ends_when_every_agent_is_done() -> None:
+    h = harness("allreduce")
+    h.exit("worker:0", 0)
+    assert h.state is State.WAITING and h.channel.to_all_sent == []
+    h.agent.handle(FromPeer(1, Done(1, 0)))
+    assert h.state is State.WAITING
+    h.agent.handle(FromPeer(2, Done(2, 0)))
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 0
+    assert h.channel.to_all_sent == [Stop(0)]
+
+
+def test_allreduce_job_ends_with_the_first_nonzero_code() -> None:
+    h = harness("allreduce", max_restarts=0)
+    h.agent.handle(FromPeer(1, Done(1, 2)))
+    assert h.agent.result is not None and h.agent.result.code == 2
+
+
+# -- the wire ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("message", "wire"), [
+    (Stop(3), {"stop": 3}),
+    (Restart(("ps:1", "chief:0")), {"restart": ["ps:1", "chief:0"]}),
+    (Failed("why", 4), {"failed": "why", "code": 4}),
+    (Died("ps:1", "ps:1 on n2", -9), {"died": "ps:1", "label": "ps:1 on n2", "code": -9}),
+    (Done(2, 0), {"done": 2, "code": 0}),
+    (Start(), {"start": {"generation": 0}}),
+    (Start({"n1": "10.0.0.1"}, 1), {"start": {"hosts": {"n1": "10.0.0.1"}, "generation": 1}}),
+])
+def test_each_message_keeps_its_wire_format(message: Any, wire: dict[str, Any]) -> None:
+    from keras_distrib.launcher.messages import decode, to_wire
+
+    assert to_wire(message) == wire and decode(wire) == message
+
+
+@pytest.mark.parametrize("wire", [{}, [], {"bogus": 1}, {"died": "ps:0", "code": 1}, {"failed": "no code"},
+                                  {"start": 5}, {"restart": 7}])
+def test_unknown_or_malformed_messages_are_refused(wire: Any) -> None:
+    from keras_distrib.launcher.messages import MessageError, decode
+
+    with pytest.raises(MessageError):
+        decode(wire)
