@@ -301,7 +301,7 @@ class Checkpointer:
         if self.show:
             reached = self.store.last_progress()
             lost = f"; the {reached - meta.step} steps trained after it are redone" if reached and reached > meta.step else ""
-            logger.info("resuming from %s (%s, step %d)%s.", path, where_in_training(meta), meta.step, lost)
+            logger.info(f"resuming from {path} ({where_in_training(meta)}, step {meta.step}){lost}.")
         return meta.step
 
     def save(self, step: int) -> Path | None:
@@ -338,9 +338,9 @@ class Checkpointer:
         if signum is not None:
             epoch, in_epoch = position(step, self.steps_per_epoch)
             if self.show:
-                logger.info("got %s: saved a checkpoint at step %d (epoch %d, %d steps into it); stopping with exit code "
-                            "%d so the job can be requeued.", signal.Signals(signum).name, step, epoch + 1, in_epoch,
-                            PREEMPTED_EXIT_CODE)
+                logger.info(f"got {signal.Signals(signum).name}: saved a checkpoint at step {step} (epoch {epoch + 1}, "
+                            f"{in_epoch} steps into it); stopping with exit code {PREEMPTED_EXIT_CODE} so the job can be "
+                            "requeued.")
             raise Preempted(signum)
 
     def nothing_left(self, step: int, epochs: int) -> bool:
@@ -348,7 +348,7 @@ class Checkpointer:
         if not self.steps_per_epoch or step < epochs * self.steps_per_epoch:
             return False
         if self.show:
-            logger.warning("the checkpoint in %s is at step %d, the end of epoch %d; nothing is left to train for "
-                           "epochs=%d. HINT: raise epochs= to train more, or use a fresh checkpoint_dir to start over.",
-                           self.store.directory, step, step // self.steps_per_epoch, epochs)
+            logger.warning(f"the checkpoint in {self.store.directory} is at step {step}, the end of epoch "
+                           f"{step // self.steps_per_epoch}; nothing is left to train for epochs={epochs}. "
+                           "HINT: raise epochs= to train more, or use a fresh checkpoint_dir to start over.")
         return True

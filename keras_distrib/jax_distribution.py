@@ -158,9 +158,9 @@ def shard_evenly(dataset: Any, process_id: int, num_processes: int, num_devices:
         )
     static_batch = _declared_batch_size(dataset)
     if process_id == 0 and static_batch and static_batch % num_devices:
-        logger.warning("the global batch %d does not divide by the %d devices; each batch keeps %d examples. "
-                       "Use a multiple of %d to keep every example.", static_batch, num_devices,
-                       static_batch - static_batch % num_devices, num_devices)
+        logger.warning(f"the global batch {static_batch} does not divide by the {num_devices} devices; each batch keeps "
+                       f"{static_batch - static_batch % num_devices} examples. Use a multiple of {num_devices} to keep "
+                       "every example.")
 
     def batch_size(element: Any) -> Any:
         return tf.shape(tf.nest.flatten(element)[0])[0]

@@ -43,7 +43,7 @@ def main() -> None:
     )
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     address = cluster[job][index]
-    logger.info("serving %s:%d at %s over %s; GPUs visible: %s", job, index, address, protocol, gpus or "none")
+    logger.info(f"serving {job}:{index} at {address} over {protocol}; GPUs visible: {gpus or 'none'}")
     server.join()
 
 

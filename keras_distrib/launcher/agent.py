@@ -245,7 +245,7 @@ class Agent:
             return
         if state not in TRANSITIONS[self.state]:
             raise AssertionError(f"agent {self.identity.agent_id}: no transition {self.state.name} -> {state.name}")
-        self.log.debug("state %s -> %s", self.state.name, state.name)
+        self.log.debug(f"state {self.state.name} -> {state.name}")
         self.state = state
 
     def begin(self, channel: Channel, plan: Plan) -> None:
@@ -261,8 +261,8 @@ class Agent:
         self.result = RunResult(code, reason, self.restarts)
         self._enter(State.STOPPED)
 
-    def _fail(self, reason: str, code: int) -> None:
-        self.log.error("%s; stopping the job.", reason)
+    def fail(self, reason: str, code: int) -> None:
+        self.log.error(f"{reason}; stopping the job.")
         self.channel.to_leader(Failed(reason, code))
         self._stop(code, reason)
 
@@ -273,8 +273,8 @@ class Agent:
         try:
             channel, plan = self.form()
         except control.ControlError as exc:
-            self.log.error("%s. HINT: start one agent per node (srun --ntasks-per-node=1), check that node names "
-                           "resolve and the ports are open.", exc)
+            self.log.error(f"{exc}. HINT: start one agent per node (srun --ntasks-per-node=1), check that node names "
+                           "resolve and the ports are open.")
             return RunResult(1, str(exc))
         # Caught before the children start: a signal that comes while they start (say the
         # script's first line is already out) is queued and forwarded, not lost or fatal.
@@ -327,11 +327,11 @@ class Agent:
                 self._on_startup(list(unreachable))
             case ScriptStopDeadline():
                 assert self.interrupted is not None
-                self.log.info("SCRIPT did not end within %.0f s of the %s; stopping every process (SIGKILL after %g s).",
-                              SCRIPT_STOP_WAIT, signal.Signals(self.interrupted).name, self.spec.options.shutdown_grace)
+                self.log.info(f"SCRIPT did not end within {SCRIPT_STOP_WAIT:.0f} s of the {signal.Signals(self.interrupted).name}; "
+                              f"stopping every process (SIGKILL after {self.spec.options.shutdown_grace:g} s).")
                 self._stop(shell_exit_code(-self.interrupted))
             case OrphanStopDeadline():
-                self.log.info("no stop order from the first node within %.0f s of the signal; stopping.", ORPHAN_STOP_WAIT)
+                self.log.info(f"no stop order from the first node within {ORPHAN_STOP_WAIT:.0f} s of the signal; stopping.")
                 self._stop(shell_exit_code(-self.interrupted) if self.interrupted else 1)
             case _:
                 raise AssertionError(event)
@@ -344,7 +344,7 @@ class Agent:
         listing = control.first_few(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
         jax = self.plan.is_jax
         what = "JAX processes never reached keras_distrib.distribution()" if jax else "TF servers are still unreachable"
-        self._fail(
+        self.fail(
             f"after {self.spec.options.startup_timeout:.0f} s these {what}: {listing}. "
             + ("HINT: call keras_distrib.distribution() at the top of SCRIPT; if it is called, check" if jax else "HINT: check")
             + " that each name resolves to the right address on every node (getent hosts NODE), "
@@ -370,11 +370,11 @@ class Agent:
         if child.runs_script and (code in (0, PREEMPTED_EXIT_CODE) or not self.plan.every_process_runs_script
                                   or self.interrupted):
             if code != 0 or self.interrupted:
-                self.log.info("%s finished with %s", child.label, describe_exit(code))
+                self.log.info(f"{child.label} finished with {describe_exit(code)}")
             if not self.processes.script_running():
                 self._script_done(shell_exit_code(code))
             return
-        self._fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
+        self.fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
 
     def _script_done(self, code: int) -> None:
         """This agent's SCRIPTs all ended; in allreduce and jax, agent 0 waits for every agent."""
@@ -419,18 +419,18 @@ class Agent:
                 self._stop(shell_exit_code(-self.interrupted))
                 return
             first = self.identity.agent_nodes[0]
-            self.log.error("lost contact with the first node's agent (%s); stopping.", first)
+            self.log.error(f"lost contact with the first node's agent ({first}); stopping.")
             self._stop(1, f"lost contact with the first node's agent ({first})")
         elif not self.interrupted:  # else: that agent ended on the same signal; the script decides
-            self._fail(f"the agent on {self.identity.agent_nodes[agent]} disconnected unexpectedly", 1)
+            self.fail(f"the agent on {self.identity.agent_nodes[agent]} disconnected unexpectedly", 1)
 
     def _on_node_lost(self, node: str, silent_for: float) -> None:
         """Agent 0: a node went silent. Stop the job; with --requeue, requeue it to resume elsewhere."""
         reason = f"lost the node {node}: its agent sent no heartbeat for {silent_for:.0f} s (node down or network cut)"
         if not self.spec.options.requeue:
-            self._fail(reason, 1)
+            self.fail(reason, 1)
             return
-        self.log.error("%s; stopping the job and requeueing it, to resume from the last checkpoint.", reason)
+        self.log.error(f"{reason}; stopping the job and requeueing it, to resume from the last checkpoint.")
         code = self.requeue(self.plan.scheduler, self.environ, True, self.log.info)
         self._stop(1 if code == PREEMPTED_EXIT_CODE else code, reason)
 
@@ -442,7 +442,7 @@ class Agent:
         if signum == signal.SIGUSR1:
             return
         self.interrupted = signum
-        self.log.info("got %s; forwarded to this node's processes.", signal.Signals(signum).name)
+        self.log.info(f"got {signal.Signals(signum).name}; forwarded to this node's processes.")
         self._enter(State.DRAINING)
         if not self.processes.has_script():
             if self.identity.leader:
@@ -468,7 +468,7 @@ class Agent:
         """Agent 0: restart what ``dead`` takes down, on every node, or fail when the budget is spent."""
         budget = self.spec.options.max_restarts
         if self.restarts >= budget:
-            self._fail(
+            self.fail(
                 f"{label} exited unexpectedly with {describe_exit(code)}; the restart budget is spent "
                 f"({self.restarts}/{budget}). HINT: look for the cause in its output above; raise --max-restarts if deaths are expected",
                 shell_exit_code(code) or 1,
@@ -476,7 +476,7 @@ class Agent:
             return
         self.restarts += 1
         targets = restart_targets(self.plan, dead)
-        self.log.info("%s", restart_line(label, describe_exit(code), targets, dead, self.restarts, budget))
+        self.log.info(restart_line(label, describe_exit(code), targets, dead, self.restarts, budget))
         self.done_agents.clear()
         self.channel.to_all(Restart(tuple(targets)))
         self._restart_here(targets)
@@ -501,8 +501,8 @@ def isolate_local_job(node: str, wanted: bool) -> None:
     try:
         isolate_network()
     except IsolationUnavailable as exc:
-        log.warning("cannot give the local job a private network (%s); its TF servers listen on every "
-                    "interface of this machine while it runs, reachable by anyone who can reach it.", exc.strerror)
+        log.warning(f"cannot give the local job a private network ({exc.strerror}); its TF servers listen on every "
+                    "interface of this machine while it runs, reachable by anyone who can reach it.")
 
 
 def launch(spec: LaunchSpec) -> int:

@@ -162,7 +162,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
 def report_error(exc: ClusterConfigError, speaks: bool) -> int:
     """Log the one-line error (if this task ``speaks`` for the others); exit code 2."""
     if speaks:
-        logger.error("%s", exc)
+        logger.error(str(exc))
     return 2
 
 

@@ -129,7 +129,7 @@ def peer_event(agent: int, raw: control.Message | None) -> Event | None:
     try:
         message = decode(raw)
     except MessageError as exc:  # an authenticated agent of another version: say so, go on
-        logger.warning("agent %d sent %s; ignored", agent, exc)
+        logger.warning(f"agent {agent} sent {exc}; ignored")
         return None
     if isinstance(message, JobMessage):
         return FromPeer(agent, message)

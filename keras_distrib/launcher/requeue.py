@@ -24,35 +24,35 @@ SGE_RESCHEDULE_EXIT = 99
 REQUEUE_TIMEOUT = 30.0
 
 
-def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, log: Callable[[str], None]) -> int:
-    """Requeue this job if ``enabled`` and possible; return the agent's exit code. ``log`` gets one line."""
+def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, say: Callable[[str], None]) -> int:
+    """Requeue this job if ``enabled`` and possible; return the agent's exit code. ``say`` gets each line (the agent passes its logger)."""
     if not enabled:
-        log("not requeued (requeue is off: pass --requeue); resubmit the same job to resume from the checkpoint.")
+        say("not requeued (requeue is off: pass --requeue); resubmit the same job to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
     if scheduler == "sge":
-        log(f"requeueing: exiting with {SGE_RESCHEDULE_EXIT}, which makes SGE reschedule the job (qsub -r y).")
+        say(f"requeueing: exiting with {SGE_RESCHEDULE_EXIT}, which makes SGE reschedule the job (qsub -r y).")
         return SGE_RESCHEDULE_EXIT
     if scheduler not in COMMANDS:
-        log(f"cannot requeue: a {scheduler} job is not a batch job; run it again to resume from the checkpoint.")
+        say(f"cannot requeue: a {scheduler} job is not a batch job; run it again to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
     variable, command = COMMANDS[scheduler]
     job_id = environ.get(variable)
     if not job_id:
-        log(f"cannot requeue: {variable} is not set (not a batch job); resubmit to resume from the checkpoint.")
+        say(f"cannot requeue: {variable} is not set (not a batch job); resubmit to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
     if shutil.which(command[0]) is None:
-        log(f"cannot requeue: {command[0]!r} is not on PATH (inside a container?); resubmit the job to resume from the checkpoint.")
+        say(f"cannot requeue: {command[0]!r} is not on PATH (inside a container?); resubmit the job to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
     argv = [*command, job_id]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=REQUEUE_TIMEOUT)
     except subprocess.TimeoutExpired:
-        log(f"cannot requeue: {' '.join(argv)} did not answer within {REQUEUE_TIMEOUT:.0f} s; resubmit the job to resume.")
+        say(f"cannot requeue: {' '.join(argv)} did not answer within {REQUEUE_TIMEOUT:.0f} s; resubmit the job to resume.")
         return PREEMPTED_EXIT_CODE
     if done.returncode != 0:
         reason = (done.stderr or done.stdout).strip().splitlines()
-        log(f"cannot requeue: {' '.join(argv)} failed ({reason[-1] if reason else f'exit code {done.returncode}'}); "
+        say(f"cannot requeue: {' '.join(argv)} failed ({reason[-1] if reason else f'exit code {done.returncode}'}); "
             "resubmit the job to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
-    log(f"requeued job {job_id} ({' '.join(argv)}); it resumes from the checkpoint when it starts again.")
+    say(f"requeued job {job_id} ({' '.join(argv)}); it resumes from the checkpoint when it starts again.")
     return 0

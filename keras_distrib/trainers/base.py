@@ -307,7 +307,7 @@ class Trainer:
         finally:
             if self.is_chief and verbose != 0:
                 newest = keeper.checkpointer.store.latest() if keeper is not None else None
-                logger.info("%s", summary_line(self.epoch_stats[first_stat:], time.perf_counter() - started, outcome,
+                logger.info(summary_line(self.epoch_stats[first_stat:], time.perf_counter() - started, outcome,
                                  keeper.checkpointer.store.directory if keeper is not None else None,
                                  newest[1] if newest else None))
             self._keeper = None
@@ -343,7 +343,7 @@ class Trainer:
                 logs.update(self._evaluate(val, cbs, steps=validation_steps, prefix="val_"))
             cbs.on_epoch_end(epoch, logs)
             if report and self.is_chief:  # after Keras' progress bar finished its epoch line
-                logger.info("%s", epoch_line(stats, epochs))
+                logger.info(epoch_line(stats, epochs))
             # After the callbacks: the checkpoint holds their view of this epoch (best values,
             # a learning rate ReduceLROnPlateau just lowered).
             self._save_checkpoint(keeper)
