@@ -102,6 +102,18 @@ def test_every_page_is_in_the_nav() -> None:
 
 
 @pytest.mark.parametrize("page", [p.relative_to(REPO).as_posix() for p in pages()])
+def test_lists_start_after_a_blank_line(page: str) -> None:
+    """Python-Markdown (MkDocs) reads a list glued to the line above as part of that paragraph."""
+    lines = (REPO / page).read_text().splitlines()
+    fence = False
+    for i, line in enumerate(lines[1:], 1):
+        fence ^= line.lstrip().startswith("```")
+        prev = lines[i - 1]
+        if not fence and re.match(r"(- |\d+\. )", line) and prev.strip() and not re.match(r"(\s*- |\s*\d+\. |\s)", prev):
+            raise AssertionError(f"{page}:{i + 1}: a list right after {prev!r}: put a blank line between")
+
+
+@pytest.mark.parametrize("page", [p.relative_to(REPO).as_posix() for p in pages()])
 def test_python_blocks_compile(page: str) -> None:
     for block in (b for b in BLOCKS if b.page == page and b.lang == "python"):
         compile(block.code, block.where(), "exec")

@@ -91,6 +91,15 @@ def test_reference_lists_every_flag_and_key(site: Path) -> None:
         assert f"<code>{f.name.replace('_', '-')}</code>" in page, f.name
 
 
+def test_schedulers_page_lists_every_parser(site: Path) -> None:
+    from cluster_parsers.registry import BUILTIN_PARSERS
+
+    page = html_of(site, "schedulers.md")
+    for cls in BUILTIN_PARSERS:
+        assert f"<code>{cls.name}</code>" in page and all(v in page for v in cls.detect_vars), cls.name
+        assert cls.agent_launch_hint.split(":")[-1].split("...")[0].strip() in page, cls.name
+
+
 def test_every_variable_the_code_reads_is_documented(site: Path) -> None:
     names = set()
     for package in ("keras_distrib", "cluster_parsers"):
