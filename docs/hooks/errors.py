@@ -56,7 +56,7 @@ AREAS = (
     ("keras_distrib/network.py", "The launcher at start-up and at run time"),
     ("cluster_parsers/", "The scheduler's environment"),
     ("keras_distrib/checkpoints.py", "Checkpoints and resuming"),
-    ("keras_distrib/data.py", "Data"),
+    ("keras_distrib/data/", "Data"),
     ("keras_distrib/jax", "The jax layouts"),
     ("keras_distrib/trainers/", "Training: fit, evaluate, predict"),
     ("keras_distrib/", "Inside SCRIPT: cluster(), strategy()"),

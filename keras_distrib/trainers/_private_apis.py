@@ -100,27 +100,6 @@ def num_ps(strategy: Any) -> int:
     return int(getattr(strategy.extended, "_num_ps", 0) or 0)
 
 
-# ---------------------------------------------------------------- tf.data graphs
-
-def dataset_graph_def(dataset: Any) -> Any:
-    """The GraphDef that creates ``dataset``.
-
-    Upstream: an eager dataset made on the chief cannot be sent to a remote worker (its
-    variant lives on the chief) and a shuffle without a seed draws a different order on
-    every worker; tf.distribute itself rebuilds datasets from this serialised graph.
-    """
-    from tensorflow.core.framework import graph_pb2
-
-    return graph_pb2.GraphDef().FromString(dataset._as_serialized_graph().numpy())
-
-
-def function_from_graph_def(graph_def: Any, inputs: Sequence[str], output: str) -> Any:
-    """A concrete function running ``graph_def`` (upstream: no public importer)."""
-    from tensorflow.python.eager import wrap_function
-
-    return wrap_function.function_from_graph_def(graph_def, list(inputs), output)
-
-
 # ---------------------------------------------------------------- Keras model internals
 
 def compiled_metrics(model: Any) -> Any:

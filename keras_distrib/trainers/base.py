@@ -60,14 +60,6 @@ def class_weights_to_sample_weights(y: Any, class_weight: dict[int, float]) -> n
     return table[labels]
 
 
-def _split_arrays(nest: Any, at: int) -> tuple[Any, Any]:
-    import keras
-
-    first = keras.tree.map_structure(lambda a: None if a is None else a[:at], nest)
-    second = keras.tree.map_structure(lambda a: None if a is None else a[at:], nest)
-    return first, second
-
-
 def as_data(x: Any, y: Any = None, sample_weight: Any = None, class_weight: Any = None) -> Any:
     """Keras' fit(x, y, sample_weight, class_weight) arguments as one data object."""
     if class_weight is not None:
@@ -173,10 +165,8 @@ class Trainer:
         if self.metrics.metric is not None and not self.metrics.metric.built:
             self.metrics.build(self.model, next(iter(inp.sample.take(1))))
 
-    def _prepare(self, data: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool) -> Any:
-        source = kd_data.as_source(data)
-        if isinstance(source, kd_data.DatasetSource) and seed is not None:
-            source.seed = int(seed)
+    def _prepare(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool) -> Any:
+        """The input object of a `keras_distrib.data.Source` (made once per fit by `as_source`)."""
         inp = self._input(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat)
         self._ensure_metrics(inp)
         return inp
@@ -248,22 +238,23 @@ class Trainer:
         checkpoint_dir: str | None = None,
     ) -> Any:
         """Train like ``model.fit``; see `keras_distrib.trainers.fit`. Returns the History."""
-        data = as_data(x, y, sample_weight, class_weight)
+        # Each input turned into a source once per fit (a DatasetSource reads its graph).
+        source = kd_data.as_source(as_data(x, y, sample_weight, class_weight))
+        val_source = None if validation_data is None else kd_data.as_source(validation_data)
         if validation_split:
             if validation_data is not None:
                 validation_split = 0.0  # Keras: validation_data wins
-            elif not isinstance(data, (tuple, list, np.ndarray)) or isinstance(kd_data.as_source(data), kd_data.DatasetSource):
+            elif not isinstance(source, kd_data.ArraySource):
                 raise TrainerError(
                     f"validation_split={validation_split} needs in-memory arrays (x, y). HINT: pass "
                     "validation_data= for a dataset or a keras_distrib.data source."
                 )
             else:
-                n = kd_data.as_source(data).num_examples
-                at = int(n * (1.0 - validation_split))  # Keras: the last fraction, before shuffling
-                data, validation_data = _split_arrays(tuple(data), at)
+                at = int(source.num_examples * (1.0 - validation_split))  # Keras: the last fraction, before shuffling
+                source, val_source = source.split(at)
         verbose = cb_utils.resolve_verbose(verbose)
         repeat = steps_per_epoch is not None
-        train = self._prepare(data, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat)
+        train = self._prepare(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat)
         target = steps_per_epoch or train.steps
         if target is None:
             raise TrainerError(
@@ -271,8 +262,8 @@ class Trainer:
                 "steps_per_epoch=..., or num_examples= to the keras_distrib.data source."
             )
         val = None
-        if validation_data is not None:
-            val = self._prepare(validation_data, batch_size=validation_batch_size or batch_size,
+        if val_source is not None:
+            val = self._prepare(val_source, batch_size=validation_batch_size or batch_size,
                                 shuffle=False, seed=None, repeat=False)
 
         callbacks = list(callbacks or [])
@@ -365,7 +356,7 @@ class Trainer:
         prefix: str = "",
     ) -> dict[str, float]:
         """Every example once (or ``steps`` batches); returns ``{"loss": ..., metric: ...}``."""
-        inp = self._prepare(as_data(x, y, sample_weight), batch_size=batch_size, shuffle=False,
+        inp = self._prepare(kd_data.as_source(as_data(x, y, sample_weight)), batch_size=batch_size, shuffle=False,
                             seed=None, repeat=False)
         cbs = cb_utils.callback_list(callbacks, self.model, epochs=1, steps=steps or inp.steps,
                                      verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)

@@ -57,7 +57,7 @@ def _keyed_elements(ds: Any, batched: bool, major: Any = 0) -> Any:
 
 
 @dataclass
-class KeyedFileSource:
+class KeyedFileSource(kd_data.BaseSource):
     """A FileSource whose elements are ``(keys, x)``; files dealt as `keras_distrib.data` does."""
 
     files: Sequence[str]
@@ -107,7 +107,7 @@ def keyed_source(x: Any, *, batch_size: int, steps: int | None) -> Any:
     n = kd_data.ArraySource(x).num_examples or 0
     if steps is not None:
         n = min(n, steps * batch_size)
-        x = kd_data._map(lambda a: a[:n], x)
+        x = kd_data.map_nest(lambda a: a[:n], x)
     keys = np.zeros((n, KEY_COLUMNS), np.int64)
     keys[:, 2] = np.arange(n)
     return kd_data.ArraySource((keys, x))
@@ -148,6 +148,6 @@ def assemble(parts: Sequence[tuple[Any, Any]], expected: int | None) -> Any:
             f"keras_distrib.predict gathered {len(order)} rows for {expected} inputs. HINT: this is a "
             "bug in keras_distrib (please report it with the layout and input kind)."
         )
-    leaves = zip(*(kd_data._flatten(p) for _, p in parts))  # leaf by leaf, over the parts
+    leaves = zip(*(kd_data.flatten_nest(p) for _, p in parts))  # leaf by leaf, over the parts
     rows = iter([np.concatenate([np.asarray(v) for v in leaf])[order] for leaf in leaves])
-    return kd_data._map(lambda _: next(rows), parts[0][1])
+    return kd_data.map_nest(lambda _: next(rows), parts[0][1])

@@ -1,0 +1,58 @@
+"""Sharding training data by worker rank: one module per input kind, one protocol.
+
+* `policy`: which elements, files and batches each worker gets (element ``i`` to worker
+  ``i % k``), and the per-shard shuffle; written once for every source.
+* `base`: the `Source` protocol every source honours, and `BaseSource`'s defaults.
+* One module per input kind: `arrays` (`ArraySource`), `tfdata` (`DatasetSource`),
+  `files` (`FileSource`), `self_loading` (`SelfLoadedSource`).
+* `input`: `as_source` (the user's input, turned into a source once per fit) and
+  `pipeline` (one worker's dataset of one epoch).
+* `_private_apis`: the private TensorFlow APIs and seed rules the tf.data source needs,
+  fenced, with their upstream reasons and the versions checked.
+
+`Source` objects describe data without materialising it per worker; the trainers ask
+``pipeline(source, index, count, ...)`` once per worker (a ParameterServerStrategy worker
+gets its own dataset function with its index baked in, see ``trainers/ps_async.py``).
+Nothing here imports TensorFlow at import time.
+"""
+
+from __future__ import annotations
+
+from ._private_apis import DERIVED_SEEDS_SCANNED, EPOCH_INPUT, derived_op_seed, seeded_graph
+from .arrays import ArraySource
+from .base import BaseSource, CustomSource, Source
+from .files import READ_CHUNK, FileSource
+from .input import as_source, pipeline
+from .policy import (Order, flatten_nest, map_nest, shard_arrays, shard_dataset, shard_files, shard_indices,
+                     shard_seed, shard_sizes, steps_for, worker_rank)
+from .self_loading import SelfLoadedSource, self_loading
+from .tfdata import DatasetSource
+
+__all__ = [
+    "Source",
+    "BaseSource",
+    "CustomSource",
+    "ArraySource",
+    "DatasetSource",
+    "FileSource",
+    "SelfLoadedSource",
+    "Order",
+    "as_source",
+    "pipeline",
+    "shard_sizes",
+    "shard_indices",
+    "shard_arrays",
+    "shard_dataset",
+    "shard_files",
+    "self_loading",
+    "shard_seed",
+    "derived_op_seed",
+    "seeded_graph",
+    "steps_for",
+    "worker_rank",
+    "map_nest",
+    "flatten_nest",
+    "READ_CHUNK",
+    "EPOCH_INPUT",
+    "DERIVED_SEEDS_SCANNED",
+]

@@ -1,0 +1,69 @@
+"""The protocol every source honours, and the base class that gives the shared behaviour.
+
+The trainers only ever call what `Source` declares: ``num_examples`` and ``batched`` to
+count steps, ``epoch_elements`` for one epoch of one shard, and ``finish_batches`` after
+the pipeline batched it (`keras_distrib.data.pipeline`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .policy import Order
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+
+class Source(Protocol):
+    """Something the trainers can split into per-worker datasets."""
+
+    #: Number of elements (examples, or batches when ``batched``); None if unknown.
+    num_examples: int | None
+    #: True if elements are already batches (the trainer then does not batch again).
+    batched: bool
+
+    def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":
+        """Shard ``index`` of ``num_shards``, in the source's own order (epoch 0)."""
+        ...
+
+    def epoch_elements(self, index: int, num_shards: int, order: Order) -> "tf.data.Dataset":
+        """One epoch of shard ``index``, in the order ``order`` asks (or the source's own)."""
+        ...
+
+    def finish_batches(self, batches: "tf.data.Dataset") -> "tf.data.Dataset":
+        """What the pipeline's batches become (identity unless the source parses batches)."""
+        ...
+
+
+class BaseSource:
+    """Defaults for a `Source`: a per-shard shuffle by `Order`, batches used as they are."""
+
+    num_examples: int | None = None
+    batched: bool = False
+
+    def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def epoch_elements(self, index: int, num_shards: int, order: Order) -> "tf.data.Dataset":
+        return order.apply(self.shard(index, num_shards), index)
+
+    def finish_batches(self, batches: "tf.data.Dataset") -> "tf.data.Dataset":
+        return batches
+
+
+class CustomSource(BaseSource):
+    """A user's own object with ``shard(index, num_shards)``, ``num_examples`` and ``batched``
+    (the minimal source of earlier releases), given the rest of the protocol."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.num_examples = inner.num_examples
+        self.batched = bool(getattr(inner, "batched", False))
+
+    def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":
+        return self.inner.shard(index, num_shards)
+
+    def finish_batches(self, batches: "tf.data.Dataset") -> "tf.data.Dataset":
+        finish = getattr(self.inner, "finish_batches", None)
+        return batches if finish is None else finish(batches)

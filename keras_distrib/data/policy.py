@@ -1,0 +1,141 @@
+"""The sharding policy, in one place: which elements, files and batches each worker gets.
+
+* Element ``i`` goes to shard ``i % num_shards``. Shards are disjoint, their union is the
+  whole data, and with ``n`` elements over ``k`` shards the first ``n % k`` shards hold one
+  extra element. Nothing is dropped: batches are formed with ``drop_remainder=False``.
+* Files are dealt the same way (file ``i`` of the sorted list to shard ``i % k``); fewer
+  files than shards is an error because some worker would get no data.
+* Batches of a source that is already batched (a batched ``tf.data.Dataset``, a Keras
+  ``PyDataset``) are dealt the same way: batch ``b`` to shard ``b % k``.
+* Shuffling is seeded per shard and epoch (`Order`): workers draw different orders,
+  reproducibly, and each epoch a new one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+#: Default shuffle buffer of the per-shard shuffle (elements).
+SHUFFLE_BUFFER = 10_000
+
+
+def shard_sizes(n: int, num_shards: int) -> list[int]:
+    """Sizes of the ``num_shards`` shards of ``n`` elements (first ``n % k`` get one more)."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    base, extra = divmod(n, num_shards)
+    return [base + (1 if i < extra else 0) for i in range(num_shards)]
+
+
+def shard_indices(n: int, index: int, num_shards: int) -> range:
+    """The element (or batch) indices of shard ``index`` out of ``n``: ``index, index + k, ...``."""
+    check_index(index, num_shards)
+    return range(index, n, num_shards)
+
+
+def steps_for(num_examples: int, batch_size: int) -> int:
+    """Batches needed to see every one of ``num_examples`` once (last batch may be short)."""
+    return max(1, math.ceil(num_examples / batch_size))
+
+
+def shard_seed(seed: int | None, index: int) -> int | None:
+    """Per-shard shuffle seed: distinct per worker, reproducible for a given ``seed``."""
+    return None if seed is None else int(seed) + int(index)
+
+
+def check_index(index: int, num_shards: int) -> None:
+    """ValueError unless ``0 <= index < num_shards``."""
+    if not 0 <= index < num_shards:
+        raise ValueError(f"shard index {index} out of range for {num_shards} shards")
+
+
+def map_nest(fn: Callable[[Any], Any], nest: Any) -> Any:
+    """map over a nest of tuples/lists/dicts of arrays (no TensorFlow import needed)."""
+    if isinstance(nest, dict):
+        return {k: map_nest(fn, v) for k, v in nest.items()}
+    if isinstance(nest, (tuple, list)):
+        return type(nest)(map_nest(fn, v) for v in nest)
+    return fn(nest)
+
+
+def flatten_nest(nest: Any) -> list[Any]:
+    """The leaves of a nest, in `map_nest` order."""
+    out: list[Any] = []
+    map_nest(out.append, nest)
+    return out
+
+
+def leading_len(arrays: Any) -> int:
+    """The common first dimension of a nest of arrays (ValueError if they differ)."""
+    lengths = {len(a) for a in flatten_nest(arrays) if a is not None}
+    if len(lengths) != 1:
+        raise ValueError(f"arrays have different lengths: {sorted(lengths)}")
+    return lengths.pop()
+
+
+def shard_arrays(arrays: Any, index: int, num_shards: int) -> Any:
+    """Shard ``index`` of a nest of equally long arrays (``x``, ``(x, y)``, dicts...)."""
+    check_index(index, num_shards)
+    return map_nest(lambda a: a[index::num_shards], arrays)
+
+
+def shard_dataset(dataset: "tf.data.Dataset", index: int, num_shards: int) -> "tf.data.Dataset":
+    """Shard ``index`` of a dataset's elements (element ``i`` goes to ``i % num_shards``)."""
+    check_index(index, num_shards)
+    return dataset.shard(num_shards, index)
+
+
+def shard_files(files: Sequence[str], index: int, num_shards: int) -> list[str]:
+    """The files of shard ``index`` (sorted first, so every worker deals the same list)."""
+    files = sorted(files)
+    if len(files) < num_shards:
+        raise ValueError(
+            f"{len(files)} files cannot feed {num_shards} workers: each worker needs at "
+            "least one file. HINT: split the data into more files or shard by example."
+        )
+    check_index(index, num_shards)
+    return files[index::num_shards]
+
+
+def worker_rank() -> tuple[int, int]:
+    """(rank, number of workers) of this process, from what the launcher passed (contract.py)."""
+    from .. import contract
+
+    if not contract.in_job(os.environ):
+        return 0, 1
+    job, index = contract.read_task(os.environ)
+    workers = len(contract.read_tf_cluster(os.environ).get("worker", [])) or 1
+    return (index if job == "worker" else 0), workers
+
+
+@dataclass(frozen=True)
+class Order:
+    """The order the pipeline asks of one epoch of a shard.
+
+    ``shuffle``: draw a new order; ``seed``: fit's seed (None: 0); ``epoch``: an int or an
+    int64 tensor (the ps layouts trace it once); ``buffer``: the shuffle buffer.
+    """
+
+    shuffle: bool = False
+    seed: int | None = None
+    epoch: Any = 0
+    buffer: int = SHUFFLE_BUFFER
+
+    def apply(self, dataset: "tf.data.Dataset", index: int) -> "tf.data.Dataset":
+        """``dataset`` (shard ``index``'s elements) shuffled per shard and epoch, if asked."""
+        import tensorflow as tf
+
+        if not self.shuffle:
+            return dataset
+        if tf.inside_function():
+            # A tensor seed under a global seed of 0 (keras.utils.set_random_seed(0)) makes
+            # tf.data compare the tensor as a Python bool; this trace's graph needs no seed.
+            tf.compat.v1.get_default_graph().seed = None
+        base = tf.constant(shard_seed(self.seed or 0, index) * 1_000_003, tf.int64)
+        return dataset.shuffle(self.buffer, seed=base + tf.cast(self.epoch, tf.int64), reshuffle_each_iteration=True)

@@ -1,0 +1,61 @@
+"""A ``tf.data.Dataset``, rebuilt on every worker and sharded by element (or batch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _private_apis as private
+from .base import BaseSource
+from .policy import Order, shard_dataset
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tensorflow as tf
+
+
+@dataclass
+class DatasetSource(BaseSource):
+    """A ``tf.data.Dataset``, sharded by element (whole batches when it is batched).
+
+    ``batched``: None = read it from the pipeline (a final ``batch``/``padded_batch``...).
+    Every worker rebuilds the dataset from its graph with each shuffle's seeds replaced by
+    ``(seed, seed2 + epoch)``: all workers then draw the SAME order, so the shards (element
+    ``i`` to worker ``i % k``) are disjoint and complete in every epoch, and
+    ``reshuffle_each_iteration`` gives a new order each epoch. ``seed`` None: fit's ``seed``
+    (0 if fit has none); a seed given here is kept. The pipeline does not shuffle it again:
+    its own shuffles decide its order.
+    """
+
+    dataset: Any
+    batched: bool | None = None
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        card = int(self.dataset.cardinality())
+        self.num_examples: int | None = card if card >= 0 else None  # INFINITE and UNKNOWN are < 0
+        self._graph = None
+        self._fns: dict[int, Any] = {}
+        if self.batched is None:
+            self.batched = private.ends_with_batch(self._graph_def())
+
+    def _graph_def(self) -> Any:
+        if self._graph is None:
+            self._graph = private.dataset_graph_def(self.dataset)
+        return self._graph
+
+    def shard(self, index: int, num_shards: int, epoch: Any = 0) -> "tf.data.Dataset":
+        return self.epoch_elements(index, num_shards, Order(epoch=epoch))
+
+    def epoch_elements(self, index: int, num_shards: int, order: Order) -> "tf.data.Dataset":
+        import tensorflow as tf
+
+        seed = self.seed if self.seed is not None else (order.seed or 0)
+        variant = self._variant_fn(int(seed))(tf.cast(order.epoch, tf.int64))
+        dataset = tf.data.experimental.from_variant(variant, self.dataset.element_spec)
+        return shard_dataset(dataset, index, num_shards)
+
+    def _variant_fn(self, seed: int) -> Any:
+        if seed not in self._fns:
+            graph, output = private.seeded_graph(self._graph_def(), seed)
+            self._fns[seed] = private.function_from_graph_def(graph, [private.EPOCH_INPUT + ":0"], output)
+        return self._fns[seed]
