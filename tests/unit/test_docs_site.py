@@ -230,7 +230,7 @@ class Chromium:
     def evaluate(self, session: str, expression: str) -> object:
         return self.call("Runtime.evaluate", session, expression=expression, returnByValue=True)["result"].get("value")
 
-    def wait_for(self, session: str, expression: str, timeout: float = 30) -> object:
+    def wait_for(self, session: str, expression: str, timeout: float = 90) -> object:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             value = self.evaluate(session, expression)
