@@ -7,12 +7,8 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import hostlist
-
-if TYPE_CHECKING:
-    from .tasks import Tasks
 
 
 class ClusterConfigError(ValueError):
@@ -80,6 +76,19 @@ class JobInfo:
     def gpus(self) -> tuple[str, ...]:
         """GPU ids visible on this task's node."""
         return self.node_gpus[self.node_index]
+
+
+@dataclass(frozen=True)
+class Tasks:
+    """How many tasks run on each node and where this one is (the rule that fills it is
+    in tasks.py)."""
+
+    tasks_per_node: tuple[int, ...]
+    rank: int
+    local_rank: int
+    node_index: int
+    launched: bool
+    source: str
 
 
 class ClusterParser(ABC):

@@ -6,11 +6,12 @@ from .base import (
     ClusterConfigError,
     ClusterParser,
     JobInfo,
+    Tasks,
     expand_hosts,
     expand_tasks_per_node,
     split_gpu_ids,
 )
-from .tasks import Tasks, launched_tasks, launcher_counts
+from .tasks import launched_tasks, launcher_counts
 
 
 class SlurmParser(ClusterParser):

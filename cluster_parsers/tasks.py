@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ._slots import local_host_index
-from .base import ClusterConfigError, node_of_rank
+from .base import ClusterConfigError, Tasks, node_of_rank
 
 
 @dataclass(frozen=True)
@@ -94,18 +94,6 @@ def launcher_counts(env: Mapping[str, str]) -> LauncherCounts | None:
             )
         return LauncherCounts(names, rank, size, _count(env, names.local_rank, 0), _count(env, names.local_size, 1))
     return None
-
-
-@dataclass(frozen=True)
-class Tasks:
-    """How many tasks run on each node and where this one is."""
-
-    tasks_per_node: tuple[int, ...]
-    rank: int
-    local_rank: int
-    node_index: int
-    launched: bool
-    source: str
 
 
 def place_slot(rank: int, slot_hosts: Sequence[str], nodes: Sequence[str], var: str) -> tuple[int, int]:

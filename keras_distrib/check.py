@@ -10,35 +10,11 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 
+from .check_table import CheckRow, report
 from .network import wait_reachable
 from .plan import CHIEF, JAX_LAYOUTS, Plan, Process
 from . import contract
-
-
-@dataclass(frozen=True)
-class CheckRow:
-    proc: Process
-    gpus_seen: tuple[str, ...]
-    rtt_ms: float | None
-    error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and len(self.gpus_seen) == len(self.proc.gpus)
-
-
-def format_table(rows: list[CheckRow]) -> str:
-    header = ("NODE", "ROLE", "ADDRESS", "GPUS PLANNED", "GPUS SEEN", "RTT MS", "STATUS")
-    lines = [header]
-    for r in rows:
-        status = "OK" if r.ok else f"FAILED {r.error or 'GPU count differs'}"
-        rtt = f"{r.rtt_ms:.2f}" if r.rtt_ms is not None else "-"
-        lines.append((r.proc.node, r.proc.name, r.proc.address, ",".join(r.proc.gpus) or "-",
-                      str(len(r.gpus_seen)), rtt, status))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
 
 
 def probe(proc: Process, remote_devices: list[str], repeats: int = 5) -> CheckRow:
@@ -90,14 +66,6 @@ def main() -> int:
     )
     devices = [d.name for d in tf.config.list_logical_devices()]
     return report([probe(p, devices) for p in tasks])
-
-
-def report(rows: list[CheckRow]) -> int:
-    """Print the table and the summary; the exit code is 1 if any task failed."""
-    print(format_table(rows))
-    failed = [r for r in rows if not r.ok]
-    print(f"{len(rows) - len(failed)} OK, {len(failed)} FAILED", flush=True)
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

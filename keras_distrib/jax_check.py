@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from .check import CheckRow, report
+from .check_table import CheckRow, report
 from .strategies import cluster
 
 

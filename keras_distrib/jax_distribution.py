@@ -23,7 +23,7 @@ import tempfile
 import threading
 from typing import Any
 
-from . import contract
+from . import _private_apis, contract
 from .logs import configure_script
 from .network import is_ip_address
 from .plan import JAX_LAYOUTS, Process
@@ -73,11 +73,7 @@ def distribution() -> Any:
         cluster_detection_method="deactivate",
         initialization_timeout=int(max(300.0, startup_timeout + JAX_TIMEOUT_MARGIN)),
     )
-    # What keras.distribution.initialize() does after jax.distributed.initialize: one
-    # random seed agreed by all processes, so every process creates the same weights.
-    from keras.src.backend.jax.distribution_lib import initialize_rng
-
-    initialize_rng()
+    _private_apis.agree_on_random_seed()
     dist = _even_data_parallel_class()(devices=keras.distribution.list_devices())
     keras.distribution.set_distribution(dist)
     return dist
@@ -131,7 +127,7 @@ def _even_data_parallel_class() -> type:
         def distribute_dataset(self, dataset: Any) -> Any:
             import tensorflow as tf
 
-            if not self._is_multi_process or not self.auto_shard_dataset or not isinstance(dataset, tf.data.Dataset):
+            if self.num_processes <= 1 or not self.auto_shard_dataset or not isinstance(dataset, tf.data.Dataset):
                 return super().distribute_dataset(dataset)
             import jax
 
@@ -156,7 +152,7 @@ def shard_evenly(dataset: Any, process_id: int, num_processes: int, num_devices:
             "model.fit on the jax layout needs a batched tf.data.Dataset (the batch is the global batch). "
             "HINT: add .batch(global_batch_size), e.g. dataset.shuffle(n, seed=1).batch(64)."
         )
-    static_batch = _declared_batch_size(dataset)
+    static_batch = _private_apis.declared_batch_size(dataset)
     if process_id == 0 and static_batch and static_batch % num_devices:
         logger.warning(f"the global batch {static_batch} does not divide by the {num_devices} devices; each batch keeps "
                        f"{static_batch - static_batch % num_devices} examples. Use a multiple of {num_devices} to keep "
@@ -173,15 +169,3 @@ def shard_evenly(dataset: Any, process_id: int, num_processes: int, num_devices:
 
     kept = dataset.filter(lambda *element: batch_size(element) >= num_devices)
     return kept.map(take_slice, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
-def _declared_batch_size(dataset: Any) -> int | None:
-    """The size given to ``.batch()`` (the last batch may be smaller), or None if unknown."""
-    # The helper Keras' own distribute_tf_dataset uses: it reads the batch op of the graph.
-    from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
-
-    try:
-        size = int(tf_data_distribute.compute_batch_size(dataset).numpy())
-    except Exception:  # an unusual pipeline: only the warning is lost
-        return None
-    return size if size > 0 else None

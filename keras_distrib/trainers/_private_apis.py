@@ -9,8 +9,14 @@ import importlib.metadata
 import warnings
 from typing import Any, Callable, Sequence
 
-#: The minor versions these private uses were tested with (pyproject.toml bounds them too).
-TESTED_VERSIONS = {"tensorflow": "2.21", "keras": "3.15"}
+#: The releases these private uses were checked against; a different minor version warns
+#: (pyproject.toml bounds the minors too).
+TESTED_VERSIONS = {"tensorflow": "2.21.0", "keras": "3.15.1"}
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
 
 _warned = False
 
@@ -27,7 +33,7 @@ def warn_if_untested() -> None:
             version = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-        if ".".join(version.split(".")[:2]) != tested:
+        if _minor(version) != _minor(tested):
             found[name] = version
     if found:
         have = ", ".join(f"{k} {v}" for k, v in found.items())
@@ -169,7 +175,12 @@ def stateless_optimizer(optimizer: Any, variables: Sequence[Any]) -> Any:
 
 def stateless_apply(view: Any, grads: Sequence[Any], variables: Sequence[Any]) -> None:
     """``optimizer.apply(grads, variables)`` through a `stateless_optimizer` view (inside a
-    StatelessScope that maps the variables and the optimizer's variables)."""
+    StatelessScope that maps the variables and the optimizer's variables).
+
+    Upstream: Keras exports no name for the backend-agnostic ``BaseOptimizer``
+    (``keras.optimizers.Optimizer`` is TensorFlow's subclass of it); its ``apply`` is
+    called by name on the view.
+    """
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 
     BaseOptimizer.apply(view, list(grads), list(variables))

@@ -1,0 +1,43 @@
+"""Every private Keras/TensorFlow API the jax layouts use (jax_distribution.py), each with the
+upstream limitation it works around. Nothing else in keras_distrib outside the trainers'
+own fence (trainers/_private_apis.py) touches a private name (tests/unit/
+test_import_boundaries.py checks it), so an upgrade only has to re-check the fenced modules
+against `TESTED_VERSIONS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The releases these private uses were checked against (pyproject.toml bounds the minors).
+TESTED_VERSIONS = {"tensorflow": "2.21.0", "keras": "3.15.1", "jax": "0.10.2"}
+
+
+def agree_on_random_seed() -> None:
+    """Give every jax process the same Keras random seed (so all create the same weights),
+    as ``keras.distribution.initialize()`` does after ``jax.distributed.initialize``.
+
+    Upstream: ``keras.distribution.initialize()`` cannot pass ``jax.distributed.initialize``
+    the ``local_device_ids``, ``cluster_detection_method`` and ``initialization_timeout``
+    the launcher's plan needs, and Keras offers its cross-process seed agreement
+    (``keras.src.backend.jax.distribution_lib.initialize_rng``) only through that call.
+    """
+    from keras.src.backend.jax.distribution_lib import initialize_rng
+
+    initialize_rng()
+
+
+def declared_batch_size(dataset: Any) -> int | None:
+    """The size given to ``.batch()`` (the last batch may be smaller), or None if unknown.
+
+    Upstream: a dataset's ``element_spec`` has no batch size when the last batch may be
+    partial, and no public API reads the ``.batch()`` op; this is the helper Keras' own
+    ``distribute_tf_dataset`` uses (``tf.data.experimental`` internals).
+    """
+    from tensorflow.python.data.experimental.ops import distribute as tf_data_distribute
+
+    try:
+        size = int(tf_data_distribute.compute_batch_size(dataset).numpy())
+    except Exception:  # an unusual pipeline: the caller only loses a warning
+        return None
+    return size if size > 0 else None
