@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Mapping, NamedTuple, Sequence
 
+import slurm_cluster
 from slurm_cluster import SlurmClusterError, SlurmTestCluster, _run, _tail, _which
 
 __all__ = ["SgeTestCluster", "SgeJobResult", "SgeClusterError"]
@@ -85,6 +86,12 @@ class SgeTestCluster(SlurmTestCluster):
 
     subnet = SUBNET
     head_daemon, node_daemon = "sge_qmaster", "sge_execd"
+    node_daemon_port = EXECD_PORT
+    packages = PACKAGES
+    probe_prefix = "kdsprobe"
+    default_prefix = "kds"
+    error = SgeClusterError
+    per_node_option = ("--slots", "slots of all.q per host")
 
     def __init__(self, workdir: Path | str, nodes: int = 3, slots: int = 2,
                  prefix: str = "kds") -> None:
@@ -98,6 +105,10 @@ class SgeTestCluster(SlurmTestCluster):
         self.conf_path = self.cell_dir / "bootstrap"  # (the parent's slurm.conf slot)
 
     # ------------------------------------------------------------ environment
+    @staticmethod
+    def _broken_install() -> str:
+        return ""  # no munge
+
     @staticmethod
     def install_packages() -> None:
         """Install Debian's gridengine packages if sge_qmaster is missing (apt-get update first)."""
@@ -115,30 +126,8 @@ class SgeTestCluster(SlurmTestCluster):
             out = (p.stdout + p.stderr).strip().splitlines()[-10:]
             raise SgeClusterError("apt-get install failed:\n" + "\n".join(out))
 
-    @classmethod
-    def available(cls) -> tuple[bool, str]:
-        """(True, "") if a cluster can be started here, else (False, reason).
-
-        Installs the packages if needed, and proves that network namespaces can be made.
-        """
-        if sys.platform != "linux":
-            return False, "needs Linux network namespaces"
-        if os.geteuid() != 0:
-            return False, "needs root (network namespaces, bind mounts, sge_execd)"
-        missing = [p for p in ("ip", "ss", "nsenter", "unshare", "mount", "hostname")
-                   if not _which(p)]
-        if missing:
-            return False, f"missing tools: {', '.join(missing)} (iproute2, util-linux)"
-        try:
-            cls.install_packages()
-        except (SlurmClusterError, OSError) as e:
-            return False, f"cannot install {' '.join(PACKAGES)}: {e}"
-        probe = f"kdsprobe{os.getpid()}"
-        p = _run(["ip", "netns", "add", probe], check=False)
-        if p.returncode != 0:
-            return False, f"cannot create network namespaces: {p.stderr.strip()}"
-        _run(["ip", "netns", "del", probe], check=False)
-        return True, ""
+    def client_settings(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.sge_env().items())
 
     def sge_env(self) -> dict[str, str]:
         """What every SGE client and daemon of this cluster needs."""
@@ -429,12 +418,7 @@ h_vmem                INFINITY
             self._wait_for(lambda: self._ready(), t0 + timeout,
                            f"qhost to report {self.nodes} hosts and all.q to be usable")
         except BaseException as e:
-            msg = None
-            if isinstance(e, SlurmClusterError):
-                msg = f"{e}\nqhost: {self.exec_hosts()!r}\nlogs:\n{self._logs()}"
-            self.stop()
-            if msg:
-                raise SgeClusterError(msg) from None
+            self._abort_start(e, f"qhost: {self.exec_hosts()!r}" if isinstance(e, SlurmClusterError) else "")
             raise
         self.timings["start"] = time.monotonic() - t0
 
@@ -446,67 +430,12 @@ h_vmem                INFINITY
         return (sorted(hosts) == sorted(self.node_names) and "-" not in hosts.values()
                 and states == {n: "" for n in self.node_names})
 
-    def stop(self) -> None:
-        """Stop all daemons and processes of the cluster and delete its namespaces (idempotent)."""
-        super().stop()
-
     def _stop_munged_if_ours(self) -> None:
         """SGE does not use munge."""
 
-    def __enter__(self) -> "SgeTestCluster":
-        self.start()
-        return self
-
-    @classmethod
-    def from_workdir(cls, workdir: Path | str) -> "SgeTestCluster":
-        """The cluster described by workdir/cluster.json (written by start())."""
-        try:
-            cfg = json.loads((Path(workdir) / "cluster.json").read_text())
-        except OSError:
-            cfg = {}
-        return cls(workdir, **cfg)
-
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="start a cluster, leave it running")
-    up.add_argument("workdir", type=Path)
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--slots", type=int, default=2, help="slots of all.q per host")
-    up.add_argument("--prefix", default="kds")
-    down = sub.add_parser("down", help="stop the cluster started in workdir")
-    down.add_argument("workdir", type=Path)
-    run = sub.add_parser("run", help="run the command after -- in the head (or --node) namespace")
-    run.add_argument("workdir", type=Path)
-    run.add_argument("--node", default="head", help="head (default) or n1..nN")
-    argv = sys.argv[1:] if argv is None else argv
-    cmd: list[str] = []
-    if "--" in argv:  # split ourselves: argparse.REMAINDER would swallow --node
-        i = argv.index("--")
-        argv, cmd = argv[:i], argv[i + 1:]
-    args = ap.parse_args(argv)
-
-    if args.cmd == "up":
-        ok, why = SgeTestCluster.available()
-        if not ok:
-            print(f"cannot start a cluster: {why}", file=sys.stderr)
-            return 1
-        c = SgeTestCluster(args.workdir, args.nodes, args.slots, args.prefix)
-        c.start()
-        print(f"cluster up in {c.timings['start']:.2f} s; "
-              + " ".join(f"{k}={v}" for k, v in c.sge_env().items()))
-        return 0
-    c = SgeTestCluster.from_workdir(args.workdir)
-    if args.cmd == "down":
-        c.stop()
-        if "stop" not in c.timings:  # someone else's cluster: stop() said why on stderr
-            return 1
-        print(f"cluster down in {c.timings['stop']:.2f} s")
-        return 0
-    if not cmd:
-        ap.error("run needs a command after --")
-    return c.on_node(args.node, cmd, timeout=None, capture=False).returncode
+    return slurm_cluster.main(argv, SgeTestCluster, __doc__)
 
 
 if __name__ == "__main__":

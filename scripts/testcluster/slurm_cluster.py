@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Callable, Mapping, NamedTuple, Sequence
+from typing import IO, Callable, Mapping, NamedTuple, Self, Sequence
 
 __all__ = ["SlurmTestCluster", "JobResult", "SlurmClusterError"]
 
@@ -188,6 +188,12 @@ class SlurmTestCluster:
     # What a subclass for another scheduler (scripts/testcluster/sge_cluster.py) changes.
     subnet = SUBNET  # the private /24 network, first three octets
     head_daemon, node_daemon = "slurmctld", "slurmd"  # stopped gently (nodes first)
+    node_daemon_port = SLURMD_PORT
+    packages = PACKAGES  # Debian packages install_packages() installs
+    probe_prefix = "kdtprobe"  # available()'s throwaway namespace; never a cluster's prefix
+    default_prefix = "kdt"
+    error = SlurmClusterError  # what a failed start() raises
+    per_node_option = ("--cpus-per-node", "CPUs of each node")  # `up`'s flag for cpus_per_node
 
     def __init__(self, workdir: Path | str, nodes: int = 3, cpus_per_node: int = 2,
                  prefix: str = "kdt") -> None:
@@ -257,7 +263,7 @@ class SlurmTestCluster:
         if sys.platform != "linux":
             return False, "needs Linux network namespaces"
         if os.geteuid() != 0:
-            return False, "needs root (network namespaces, bind mounts, slurmd)"
+            return False, f"needs root (network namespaces, bind mounts, {cls.node_daemon})"
         missing = [p for p in ("ip", "ss", "nsenter", "unshare", "mount", "hostname")
                    if not _which(p)]
         if missing:
@@ -265,16 +271,27 @@ class SlurmTestCluster:
         try:
             cls.install_packages()
         except (SlurmClusterError, OSError) as e:
-            return False, f"cannot install {' '.join(PACKAGES)}: {e}"
-        if not Path("/etc/munge/munge.key").exists():
-            return False, "/etc/munge/munge.key is missing (munge package broken?)"
-        # The name does not start with "kdt-" so it never shows up as a cluster leftover.
-        probe = f"kdtprobe{os.getpid()}"
+            return False, f"cannot install {' '.join(cls.packages)}: {e}"
+        broken = cls._broken_install()
+        if broken:
+            return False, broken
+        probe = f"{cls.probe_prefix}{os.getpid()}"
         p = _run(["ip", "netns", "add", probe], check=False)
         if p.returncode != 0:
             return False, f"cannot create network namespaces: {p.stderr.strip()}"
         _run(["ip", "netns", "del", probe], check=False)
         return True, ""
+
+    def client_settings(self) -> str:
+        """What a client outside the harness needs to reach this cluster."""
+        return f"SLURM_CONF={self.conf_path}"
+
+    @staticmethod
+    def _broken_install() -> str:
+        """Why the installed packages cannot work, or ""."""
+        if not Path("/etc/munge/munge.key").exists():
+            return "/etc/munge/munge.key is missing (munge package broken?)"
+        return ""
 
     def _client_env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The caller's environment for clients/jobs, minus Slurm job variables.
@@ -400,6 +417,18 @@ class SlurmTestCluster:
                  if len(line.split()) >= 4}
         return sorted(ports)
 
+    def leftovers(self, pattern: str, wait: float) -> tuple[list[str], dict[str, list[int]]]:
+        """Processes matching ``pattern`` (see processes_matching) and, per node, the ports
+        listening there but the node daemon's; waits up to ``wait`` seconds for both to be
+        gone (the scheduler may still be reaping a job's tasks for a moment after its end)."""
+        deadline = time.monotonic() + wait
+        while True:
+            procs = self.processes_matching(pattern)
+            ports = {n: [p for p in self.listening_ports(n) if p != self.node_daemon_port] for n in self.node_names}
+            if not procs and not any(ports.values()) or time.monotonic() > deadline:
+                return procs, ports
+            time.sleep(0.2)
+
     def _netns_inodes(self) -> set[int]:
         inodes = set()
         for ns in self._all_ns():
@@ -518,8 +547,13 @@ MpiDefault=none
 MailProg=/bin/true
 ReturnToService=2
 KillWait=5
-# Schedule batch jobs at once (default: up to 3 s later); tests submit few jobs.
-SchedulerParameters=batch_sched_delay=0
+# Schedule batch jobs at once (default: up to 3 s later), and look at pending jobs every
+# second (sched_interval, bf_interval: default 60 s and 30 s); tests submit few jobs. A job
+# that becomes eligible by time alone (a requeued one, below) otherwise waits for those loops.
+SchedulerParameters=batch_sched_delay=0,sched_interval=1,bf_interval=1
+# A requeued job waits out the job credential's lifetime before it runs again (slurm.conf(5),
+# AuthInfo cred_expire: default 120 s, least 5); the requeue tests waited 2 min each for it.
+AuthInfo=cred_expire=10
 """
         for ns in self._all_ns()[1:]:
             conf += (f"NodeName={ns.host} NodeAddr={ns.ip} CPUs={self.cpus_per_node} "
@@ -627,13 +661,17 @@ SchedulerParameters=batch_sched_delay=0
             self._wait_for(lambda: self._sinfo() == want, t0 + timeout,
                            f"sinfo to print {want!r}")
         except BaseException as e:
-            msg = f"{e}\nlast sinfo: {self._sinfo()!r}\nlogs:\n{self._logs()}" \
-                if isinstance(e, SlurmClusterError) else None
-            self.stop()
-            if msg:
-                raise SlurmClusterError(msg) from None
+            self._abort_start(e, f"last sinfo: {self._sinfo()!r}" if isinstance(e, SlurmClusterError) else "")
             raise
         self.timings["start"] = time.monotonic() - t0
+
+    def _abort_start(self, error: BaseException, state: str) -> None:
+        """Tear down after a failed start(); a harness error is raised again as ``self.error``
+        with ``state`` and the tail of the daemons' logs."""
+        msg = f"{error}\n{state}\nlogs:\n{self._logs()}" if isinstance(error, SlurmClusterError) else None
+        self.stop()
+        if msg:
+            raise self.error(msg) from None
 
     def _sinfo(self) -> str:
         try:
@@ -708,7 +746,7 @@ SchedulerParameters=batch_sched_delay=0
             self._release_lock()
         self.timings["stop"] = time.monotonic() - t0
 
-    def __enter__(self) -> "SlurmTestCluster":
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -716,7 +754,7 @@ SchedulerParameters=batch_sched_delay=0
         self.stop()
 
     @classmethod
-    def from_workdir(cls, workdir: Path | str) -> "SlurmTestCluster":
+    def from_workdir(cls, workdir: Path | str) -> Self:
         """The cluster described by workdir/cluster.json (written by start())."""
         try:
             cfg = json.loads((Path(workdir) / "cluster.json").read_text())
@@ -725,14 +763,17 @@ SchedulerParameters=batch_sched_delay=0
         return cls(workdir, **cfg)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, cls: type[SlurmTestCluster] = SlurmTestCluster,
+         doc: str = __doc__) -> int:
+    """The command line of ``cls`` (see the module docstring); sge_cluster.py runs it too."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a cluster, leave it running")
     up.add_argument("workdir", type=Path)
     up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--cpus-per-node", type=int, default=2)
-    up.add_argument("--prefix", default="kdt")
+    flag, help = cls.per_node_option
+    up.add_argument(flag, dest="per_node", metavar="N", type=int, default=2, help=help)
+    up.add_argument("--prefix", default=cls.default_prefix)
     down = sub.add_parser("down", help="stop the cluster started in workdir")
     down.add_argument("workdir", type=Path)
     run = sub.add_parser("run", help="run the command after -- in the head (or --node) namespace")
@@ -747,15 +788,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.cmd == "up":
-        ok, why = SlurmTestCluster.available()
+        ok, why = cls.available()
         if not ok:
             print(f"cannot start a cluster: {why}", file=sys.stderr)
             return 1
-        c = SlurmTestCluster(args.workdir, args.nodes, args.cpus_per_node, args.prefix)
+        c = cls(args.workdir, args.nodes, args.per_node, args.prefix)
         c.start()
-        print(f"cluster up in {c.timings['start']:.2f} s; SLURM_CONF={c.conf_path}")
+        print(f"cluster up in {c.timings['start']:.2f} s; {c.client_settings()}")
         return 0
-    c = SlurmTestCluster.from_workdir(args.workdir)
+    c = cls.from_workdir(args.workdir)
     if args.cmd == "down":
         c.stop()
         if "stop" not in c.timings:  # someone else's cluster: stop() said why on stderr

@@ -24,11 +24,7 @@ def sge_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SgeTestClu
     ok, reason = SgeTestCluster.available()
     if not ok:
         pytest.skip(f"no SGE test cluster: {reason}")
-    cluster = SgeTestCluster(tmp_path_factory.mktemp("sge-cluster"), nodes=3, slots=2)
-    cluster.start()
-    print(f"\nSGE cluster up in {cluster.timings['start']:.2f} s "
-          f"(package check/install {cluster.timings['install']:.2f} s)")
-    try:
+    with SgeTestCluster(tmp_path_factory.mktemp("sge-cluster"), nodes=3, slots=2) as cluster:
+        print(f"\nSGE cluster up in {cluster.timings['start']:.2f} s "
+              f"(package check/install {cluster.timings['install']:.2f} s)")
         yield cluster
-    finally:
-        cluster.stop()

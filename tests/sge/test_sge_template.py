@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sge_cluster import EXECD_PORT, PE_NAME, SgeTestCluster
+from sge_cluster import PE_NAME, SgeTestCluster
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "scripts" / "sge" / "ps-per-node.sge"
@@ -78,13 +78,7 @@ def assert_nothing_left(cluster: SgeTestCluster, wait: float = 15) -> None:
 
     The execd may still be reaping the job's tasks for a moment after qstat lost the job.
     """
-    deadline = time.monotonic() + wait
-    while True:
-        procs = cluster.processes_matching(r"keras_distrib|digits_distrib")
-        ports = {n: [p for p in cluster.listening_ports(n) if p != EXECD_PORT] for n in NODES}
-        if not procs and not any(ports.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    procs, ports = cluster.leftovers(r"keras_distrib|digits_distrib", wait)
     assert procs == [], f"processes left behind: {procs}"
     assert ports == {n: [] for n in NODES}, "listening ports left behind"
 

@@ -28,9 +28,5 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTes
     ok, reason = SlurmTestCluster.available()
     if not ok:
         pytest.skip(f"no Slurm test cluster: {reason}")
-    cluster = SlurmTestCluster(tmp_path_factory.mktemp("slurm-cluster"), nodes=3, cpus_per_node=2)
-    cluster.start()
-    try:
+    with SlurmTestCluster(tmp_path_factory.mktemp("slurm-cluster"), nodes=3, cpus_per_node=2) as cluster:
         yield cluster
-    finally:
-        cluster.stop()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Self
 
 import pytest
-from slurm_cluster import SLURMD_PORT, SlurmTestCluster
+from slurm_cluster import SlurmTestCluster
 
 from keras_distrib.plan import PORT_BLOCK, derive_port_base
 
@@ -134,13 +134,7 @@ def assert_nothing_left(cluster: SlurmTestCluster, job_id: int | str | None = No
     Slurm may still be reaping the step for a moment after the job's end: wait up to
     ``wait`` seconds before failing.
     """
-    deadline = time.monotonic() + wait
-    while True:
-        procs = cluster.processes_matching(r"keras_distrib|train\.py|exit\.py|mwms\.py")
-        ports = {n: [p for p in cluster.listening_ports(n) if p != SLURMD_PORT] for n in NODES}
-        if not procs and not any(ports.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    procs, ports = cluster.leftovers(r"keras_distrib|train\.py|exit\.py|mwms\.py", wait)
     assert procs == [], f"processes left behind: {procs}"
     assert ports == {n: [] for n in NODES}, "listening ports left behind"
     if job_id is not None:
