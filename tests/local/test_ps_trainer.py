@@ -259,76 +259,64 @@ def test_no_layer_state_update_is_lost_between_workers(strategy: Any, digits: An
     assert float(np.asarray(model.layers[0].seen)) == steps
 
 
-def test_stale_reads_option_keeps_exact_epochs_steps_and_layer_state(strategy: Any, digits: Any) -> None:
-    """``ps_stale_reads=True`` (opt-in: one variable read per closure): exact epochs over
-    uneven shards (23 steps each, chunks of 10: partial and empty closures), the exact step
-    counter, BatchNorm statistics and dropout seeds carried to the ps, and it learns."""
+def stateful_mlp() -> Any:
+    """The digits MLP with BatchNorm and a seeded Dropout: state on the ps besides the weights."""
     import keras
 
+    m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
+                          keras.layers.BatchNormalization(), keras.layers.Dropout(0.2, seed=1),
+                          keras.layers.Dense(10, activation="softmax")])
+    m.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
+    return m
+
+
+def fit_stateful(strategy: Any, digits: Any, **option: bool) -> tuple[Any, Any, int]:
+    """A `stateful_mlp` fitted 3 epochs with the step ``option`` over uneven shards (23 steps
+    each, chunks of 10: partial and empty closures), checking what every step option keeps:
+    exact epochs and step counter, BatchNorm statistics and dropout seeds carried to the ps,
+    and that it learns. Returns (model, trainer, steps per epoch)."""
     import keras_distrib
 
     x_train, x_test, y_train, y_test = digits
-
-    def stateful() -> Any:
-        m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
-                              keras.layers.BatchNormalization(), keras.layers.Dropout(0.2, seed=1),
-                              keras.layers.Dense(10, activation="softmax")])
-        m.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return m
-
-    model = build(strategy, stateful)
+    model = build(strategy, stateful_mlp)
     seed = next(v for v in model.non_trainable_variables if "seed_generator_state" in v.path)
     seed_before = np.asarray(seed).copy()
     history = keras_distrib.fit(model, (x_train, y_train), epochs=3, batch_size=32, steps_per_execution=10,
-                                verbose=0, strategy=strategy, ps_stale_reads=True)
+                                verbose=0, strategy=strategy, **option)
     steps = 2 * int(np.ceil(len(x_train) / 2 / 32))
     trainer = trainer_for(model)
-    assert trainer.stale_reads
     assert int(trainer.global_step.numpy()) == 3 * steps
     assert int(model.optimizer.iterations.numpy()) == 3 * steps
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert np.abs(np.asarray(model.layers[1].moving_mean)).max() > 0.01  # starts at 0
     assert not np.array_equal(np.asarray(seed), seed_before)
     assert local_eval(model, x_test, y_test)["accuracy"] > 0.85
-    # Passing False again goes back to the default (re-traced) path, counting on.
+    return model, trainer, steps
+
+
+def test_stale_reads_option_keeps_exact_epochs_steps_and_layer_state(strategy: Any, digits: Any) -> None:
+    """``ps_stale_reads=True`` (opt-in: one variable read per closure) keeps what
+    `fit_stateful` checks; passing False again goes back to the default (re-traced) path."""
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
+    model, trainer, steps = fit_stateful(strategy, digits, ps_stale_reads=True)
+    assert trainer.stale_reads
     keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy,
                       ps_stale_reads=False)
     assert not trainer.stale_reads and int(trainer.global_step.numpy()) == 4 * steps
 
 
 def test_local_steps_option_keeps_exact_epochs_steps_and_layer_state(strategy: Any, digits: Any) -> None:
-    """``ps_local_steps=True`` (opt-in: K local steps per closure) with 2 workers: exact
-    epochs over uneven shards (chunks of 10 over 23 steps: partial and empty closures),
-    the exact step counter, BatchNorm statistics, dropout seeds and Adam's moments
-    written to the ps, it learns, and switching to stale reads and back works."""
-    import keras
-
+    """``ps_local_steps=True`` (opt-in: K local steps per closure) with 2 workers keeps what
+    `fit_stateful` checks and writes Adam's moments to the ps; switching to stale reads and
+    back works."""
     import keras_distrib
 
-    x_train, x_test, y_train, y_test = digits
-
-    def stateful() -> Any:
-        m = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu"),
-                              keras.layers.BatchNormalization(), keras.layers.Dropout(0.2, seed=1),
-                              keras.layers.Dense(10, activation="softmax")])
-        m.compile(keras.optimizers.Adam(3e-3), "sparse_categorical_crossentropy", metrics=["accuracy"])
-        return m
-
-    model = build(strategy, stateful)
-    seed = next(v for v in model.non_trainable_variables if "seed_generator_state" in v.path)
-    seed_before = np.asarray(seed).copy()
-    history = keras_distrib.fit(model, (x_train, y_train), epochs=3, batch_size=32, steps_per_execution=10,
-                                verbose=0, strategy=strategy, ps_local_steps=True)
-    steps = 2 * int(np.ceil(len(x_train) / 2 / 32))
-    trainer = trainer_for(model)
+    x_train, _, y_train, _ = digits
+    model, trainer, steps = fit_stateful(strategy, digits, ps_local_steps=True)
     assert trainer.local_steps and not trainer.stale_reads
-    assert int(trainer.global_step.numpy()) == 3 * steps
-    assert int(model.optimizer.iterations.numpy()) == 3 * steps
-    assert history.history["loss"][-1] < history.history["loss"][0]
-    assert np.abs(np.asarray(model.layers[1].moving_mean)).max() > 0.01  # starts at 0
-    assert not np.array_equal(np.asarray(seed), seed_before)
     assert max(float(np.abs(np.asarray(v)).max()) for v in model.optimizer.variables[2:]) > 0  # moments moved
-    assert local_eval(model, x_test, y_test)["accuracy"] > 0.85
     keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy,
                       ps_local_steps=False, ps_stale_reads=True)
     assert trainer.stale_reads and not trainer.local_steps
