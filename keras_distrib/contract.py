@@ -3,7 +3,7 @@
 Written by the agent (``child_env``, ``write_plan_file``) and read by the script side
 (``read_plan``, ``read_task``, ``read_tf_cluster``) in this one module, so the two sides
 cannot drift apart. Pure Python: imports neither TensorFlow nor the launcher (nor, at
-run time, the plan: ``plan.py`` uses ``jax_variables`` here).
+run time, the plan, which imports nothing of this module).
 
 ``child_env`` is the one function that builds a child's environment, and ``VARIABLES``
 the one table of every variable it may set (docs/launcher-internals.md shows the same
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .network import is_ip_address
 
-if TYPE_CHECKING:  # annotations only: plan.py imports this module
+if TYPE_CHECKING:  # annotations only
     from .plan import Plan, Process
 
 PLAN_FILE_VAR = "KERAS_DISTRIB_PLAN_FILE"
@@ -192,6 +192,16 @@ def child_env(
         env.setdefault(NCCL_IFNAME_VAR, interface)
     env.update(jax_variables(plan, proc))
     return env
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """``plan.to_json()`` with, on the jax layouts, each process's variables (``env``, see
+    `jax_variables`): what ``--plan --format json`` prints."""
+    data = plan.to_json()
+    if plan.is_jax:
+        for entry, proc in zip(data["processes"], plan.processes):
+            entry["env"] = jax_variables(plan, proc)
+    return data
 
 
 def jax_variables(plan: Plan, proc: Process) -> dict[str, str]:

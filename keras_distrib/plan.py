@@ -14,8 +14,6 @@ from typing import Any
 
 from cluster_parsers import ClusterConfigError, JobInfo
 
-from .contract import jax_variables
-
 # Derived ports live below Linux's ephemeral range (32768-60999) so outgoing
 # connections of other programs cannot take them first.
 PORT_RANGE_START = 20000
@@ -121,7 +119,6 @@ class Plan:
             "cluster": self.cluster_spec(),
             "processes": [
                 {"node": p.node, "job": p.job, "index": p.index, "address": p.address, "gpus": list(p.gpus)}
-                | ({"env": jax_variables(self, p)} if self.is_jax else {})
                 for p in self.processes
             ],
         }

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from cluster_parsers import FORCE_VAR, ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
 
 from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
-from ..contract import KERAS_BACKEND_VAR
+from ..contract import KERAS_BACKEND_VAR, plan_json
 from ..logs import configure_launcher
 from ..plan import Plan, build_plan, check_task_counts, tasks_mode
 
@@ -141,7 +141,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
         hint = parser.agent_launch_hint if parser else "use --nodes."
         if args.plan:
             check_task_counts(job, plan, hint)
-            print(json.dumps(plan.to_json()) if args.format == "json" else format_table(plan))
+            print(json.dumps(plan_json(plan)) if args.format == "json" else format_table(plan))
             return 0
         mode = tasks_mode(job, plan, hint)
     except ClusterConfigError as exc:
