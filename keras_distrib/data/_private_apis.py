@@ -1,6 +1,6 @@
 """Every private TensorFlow API and internal rule `keras_distrib.data` relies on, fenced.
 
-Checked against TensorFlow `CHECKED_VERSIONS` (pyproject.toml bounds it): an upgrade
+Checked against TensorFlow `TESTED_VERSIONS` (pyproject.toml bounds its minor): an upgrade
 re-checks this module and ``tests/unit/test_data.py`` (the seed and graph tests fail if a
 rule below changed). Each entry says which upstream limitation it works around.
 
@@ -18,8 +18,9 @@ import functools
 import random
 from typing import Any, Sequence
 
-#: The TensorFlow minor version these private uses were checked against.
-CHECKED_VERSIONS = {"tensorflow": "2.21"}
+#: The TensorFlow release these private uses were checked against (the same name in every
+#: fenced module: tests/unit/test_import_boundaries.py reads it).
+TESTED_VERSIONS = {"tensorflow": "2.21.0"}
 
 #: TensorFlow's bound for op seeds (tensorflow/python/framework/random_seed.py).
 _MAXINT32 = 2**31 - 1

@@ -41,18 +41,6 @@ PRIVATE_TREES = ("tensorflow.python", "tensorflow.core", "tensorflow.tsl", "tens
 # Underscore names that are public by convention (namedtuple's API).
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 
-# Code that another helper of issue 23 is restructuring (section 4: the data package fences
-# its own private code): findings in these modules, and uses of their private names by these
-# importers, are not counted yet. Delete the entries once the data package has landed.
-PENDING_MODULES = ("keras_distrib.data",)
-PENDING_USES = {("keras_distrib.trainers.ordered", "keras_distrib.data.")}
-
-
-def pending(module: str, what: str = "") -> bool:
-    return any(_inside(module, p) for p in PENDING_MODULES) or any(
-        module == m and what.startswith(w) for m, w in PENDING_USES)
-
-
 # ------------------------------------------------------------------------------- reading
 
 
@@ -126,8 +114,6 @@ def import_graph(modules: dict[str, Module]) -> dict[str, set[str]]:
     for module in modules.values():
         mine = set(_ancestors(module.name)) | {module.name}
         for source, what, _ in module.imports:
-            if pending(module.name, f"{source}.{what}"):
-                continue
             for target in _targets(source, what, modules):
                 for entered in [*_ancestors(target), target]:
                     if entered in modules and entered not in mine:
@@ -403,10 +389,6 @@ def _tested_versions(module: Module) -> dict[str, str] | None:
     return None
 
 
-def _unpending(found: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(m, w) for m, w in found if not pending(m, w)]
-
-
 MODULES = read_modules(REPO)
 
 
@@ -447,14 +429,14 @@ def test_no_import_circle(level: str) -> None:
 
 @pytest.mark.unit
 def test_no_private_module_or_name_of_another_package_and_nothing_from_an_ancestors_init() -> None:
-    found = _unpending(back_up_imports(MODULES))
+    found = back_up_imports(MODULES)
     assert found == [], f"imports that run back up (module, what): {found}"
 
 
 @pytest.mark.unit
 def test_private_tensorflow_keras_jax_apis_only_in_the_fenced_modules() -> None:
     outside, problems = private_api_report(MODULES)
-    found = [f"{u.module}:{u.line} {u.what}" for u in outside if not pending(u.module, u.what)]
+    found = [f"{u.module}:{u.line} {u.what}" for u in outside]
     assert found == [], (
         f"private TensorFlow/Keras/JAX APIs outside the fenced modules: {found}. HINT: move each use into "
         f"the package's {FENCE_NAME}, in a function whose docstring gives the upstream reason")
