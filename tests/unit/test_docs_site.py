@@ -7,6 +7,7 @@ One strict build per run (about 10 s) is shared by the tests of this module.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import http.server
 import importlib.util
@@ -22,6 +23,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from unittest import mock
 from urllib.parse import quote
 
 import pytest
@@ -156,11 +158,32 @@ def real_errors(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [line.removeprefix("keras_distrib: error: ") for line in lines]
 
 
-def test_real_error_lines_match_their_catalogue_entry(real_errors: list[str]) -> None:
+def test_real_error_lines_match_their_catalogue_entry(real_errors: list[str], tmp_path: Path) -> None:
+    """The printed lines of the command line's bad-input corpus (tests/unit/test_cli.py) and of
+    the cases above each read as one catalogue entry, so searching the page finds them."""
+    from test_cli import BAD_INPUT, CONFIG_FILES, UNEQUAL_GPUS
+
+    from keras_distrib.launcher import cli
+
+    (tmp_path / "gpus.yaml").write_text(UNEQUAL_GPUS)
+    for name, text in CONFIG_FILES.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)))
+    lines = list(real_errors)
+    for _, module, env, args, _ in BAD_INPUT:
+        fill = {k: v.replace("{tmp}", str(tmp_path)) for k, v in env.items()}
+        argv = ["--plan", "--format", "json", *(a.replace("{tmp}", str(tmp_path)) for a in args)]
+        entry = module.removeprefix("keras_distrib").lstrip(".")
+        err = io.StringIO()
+        with mock.patch.dict(os.environ, {"PATH": os.environ.get("PATH", ""), **fill}, clear=True), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = cli.run(argv, entry if entry not in ("", "local") else None, module, local=entry == "local")
+        assert code == 2 and err.getvalue().startswith("keras_distrib: error: "), (module, argv, err.getvalue())
+        lines.append(err.getvalue().strip().removeprefix("keras_distrib: error: "))
     entries = errors.scan()[0]
-    for line in real_errors:
-        matches = [e for e in entries if e.pattern().fullmatch(line)]
-        assert matches, f"no catalogue entry reads as {line!r}"
+    unmatched = [line for line in lines if not any(e.pattern().fullmatch(line) for e in entries)]
+    assert not unmatched, f"no catalogue entry reads as: {unmatched}"
+    assert len(lines) >= 30
 
 
 # -- in a real browser ------------------------------------------------------------------
