@@ -41,9 +41,10 @@ INTERNAL = {
     "keras_distrib/plan.py:KeyError": "lookups by the launcher's own names",
 }
 #: Function names whose first argument is a line shown to the user.
-SAY_FUNCS = {"say", "print", "warn", "warning", "error"}
-#: Always an error or a warning (warnings.warn, logger.warning, logger.error).
-ALARM_FUNCS = {"warn", "warning", "error"}
+SAY_FUNCS = {"say", "print", "warn", "warning", "error", "log"}
+#: Always an error or a warning (warnings.warn, logger.warning, logger.error, and the control
+#: channel's ``log``, which reports strangers and dropped connections).
+ALARM_FUNCS = {"warn", "warning", "error", "log"}
 #: Words that make a ``say``/``print`` line an error or a warning (others are progress reports).
 ALARM = re.compile(r"\b(error|warning|cannot)\b", re.I)
 
@@ -306,10 +307,10 @@ def scan() -> tuple[list[Entry], list[Unreadable]]:
                     elif name in SAY_FUNCS:
                         for arg in node.args[:2]:
                             text = module.render(arg, local)
-                            if not text or "{exc}" in text or "{reason}" in text:
-                                continue
+                            if not text or "{exc}" in text or ("{reason}" in text and name != "log"):
+                                continue  # a wrapper of another message (collected where it is made)
                             if name in ALARM_FUNCS or ALARM.search(text):
-                                warning = name in ("warn", "warning") or re.search(r"\bwarning\b", text, re.I)
+                                warning = name in ("warn", "warning", "log") or re.search(r"\bwarning\b", text, re.I)
                                 raw.append(("warning" if warning else "error", "", text, where, module.rel))
             # module-level reasons handed to fail() by name, e.g. reason = f"lost the node ..."
             for node in _own_nodes(func):
@@ -379,11 +380,11 @@ def markdown() -> str:
             # One heading per message: the site's search then shows the message itself as the hit.
             label = "Warning: " if e.kind == "warning" else ""
             lines += [f"### {label}{_md_code(e.cause)}", ""]
-            if e.fix:
+            if e.kind == "warning":
+                lines.append(f"**What it means:** {_escape(e.fix)}" if e.fix else "**What to do:** nothing: it only tells.")
+            elif e.fix:
                 origin = "" if e.fixed_by == "HINT" else " *(from the docs: the message has no HINT)*"
                 lines.append(f"**Fix:** {_escape(e.fix)}{origin}")
-            else:
-                lines.append("**Fix:** none needed: it only tells.")
             more = f" and {len(e.sources) - 1} more place(s)" if len(e.sources) > 1 else ""
             lines += ["", f"<small>Printed by `{e.sources[0]}`{more}.</small>", ""]
     return "\n".join(lines)
