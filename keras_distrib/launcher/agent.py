@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +38,8 @@ from typing import Any, Protocol
 from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
 
 from ..contract import PREEMPTED_EXIT_CODE
-from ..logs import NodeLogger
+from ..logs import ROOT as ROOT_LOGGER
+from ..logs import LineFormatter, NodeLogger
 from ..network import wait_reachable
 from ..plan import CHIEF, Plan, Process, process_for_task
 from . import control
@@ -115,6 +116,7 @@ class LaunchSpec:
     script_args: tuple[str, ...] = ()
     check: bool = False  # run the cluster check instead of SCRIPT (also when script is None)
     local: bool = False
+    log_dir: Path | None = None  # this job's directory of per-process output files (launch makes it)
 
     @property
     def runs_check(self) -> bool:
@@ -183,7 +185,8 @@ class Agent:
         options = spec.options
         self.processes: Processes = processes or LocalProcesses(
             lambda child, code: self.post(ChildExited(child, code)),
-            ChildSettings(options.startup_timeout, options.verbose, options.checkpoint_every, options.interface),
+            ChildSettings(options.startup_timeout, options.verbose, options.checkpoint_every, options.interface,
+                          spec.log_dir),
         )
         self.timers: Timers = timers or ThreadTimers(self.post)
         self.requeue = requeue
@@ -279,6 +282,7 @@ class Agent:
         # Caught before the children start: a signal that comes while they start (say the
         # script's first line is already out) is queued and forwarded, not lost or fatal.
         previous = {s: signal.signal(s, lambda signum, _f: self.post(SignalReceived(signum))) for s in FORWARDED_SIGNALS}
+        kept = self._keep_own_lines()
         try:
             self.begin(channel, plan)
             if self.identity.leader and not self.spec.runs_check:  # the check reports unreachable tasks itself
@@ -295,8 +299,25 @@ class Agent:
                 self._enter(State.STOPPED)
             self.processes.shutdown(self.spec.options.shutdown_grace)
             self.channel.close()
+            if self.spec.log_dir is not None and self.identity.leader:
+                self.log.info(f"the full output of every process is in {self.spec.log_dir}")
+            if kept is not None:
+                logging.getLogger(ROOT_LOGGER).removeHandler(kept)
+                kept.close()
         assert self.result is not None
         return self.result
+
+    def _keep_own_lines(self) -> logging.Handler | None:
+        """This agent's own lines also go to LOG_DIR/agent-ID.log (None: no log directory)."""
+        if self.spec.log_dir is None:
+            return None
+        try:
+            handler = logging.FileHandler(self.spec.log_dir / f"agent-{self.identity.agent_id}.log")
+        except OSError:
+            return None
+        handler.setFormatter(LineFormatter())
+        logging.getLogger(ROOT_LOGGER).addHandler(handler)
+        return handler
 
     def form(self) -> tuple[Channel, Plan]:
         """Connect the agents (formation.py): the channel, and the plan all agreed on."""
@@ -505,6 +526,25 @@ def isolate_local_job(node: str, wanted: bool) -> None:
                     "interface of this machine while it runs, reachable by anyone who can reach it.")
 
 
+#: Where every process's output goes by default: the job's working directory (beside Slurm's
+#: slurm-JOBID.out; the PBS/SGE/LSF templates start in the submit directory).
+DEFAULT_LOG_DIR = "keras_distrib-logs"
+
+
+def job_log_dir(options: Options, job: JobInfo) -> Path:
+    """LOG_DIR/SCHEDULER-JOBID, made (all nodes of a job, and its requeued runs, share it)."""
+    base = Path(options.log_dir or DEFAULT_LOG_DIR).expanduser()
+    path = (base / f"{job.scheduler}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in job.job_id)}").absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClusterConfigError(
+            f"log-dir {str(base)!r}: cannot create {path} ({exc.strerror}).",
+            "pass --log-dir with a directory this job may write (shared by the nodes, like the working directory).",
+        ) from None
+    return path
+
+
 def launch(spec: LaunchSpec) -> int:
     """Validate what needs this machine, then run this task's agent; its exit code."""
     job, options = spec.job, spec.options
@@ -516,6 +556,7 @@ def launch(spec: LaunchSpec) -> int:
     if options.interface:
         interface_ipv4(options.interface, job.node)  # fail before starting anything
     require_protocol(options.protocol)
+    spec = replace(spec, log_dir=spec.log_dir or job_log_dir(options, job))
     if spec.local:
         isolate_local_job(job.nodes[0], options.isolate)
     agent = Agent(spec, identity_for(job, spec.mode, spec.local))

@@ -151,11 +151,13 @@ def spawn(
     on_exit: Callable[[Child, int], None],
     out: BinaryIO | None = None,
     output: OutputFilter | None = None,
+    log: BinaryIO | None = None,
 ) -> Child:
     """Start ``argv`` with exactly ``env``; its output lines go to ``out`` with a prefix.
 
     ``output`` filters the lines (default: banners hidden). A quiet child that fails on
-    its own (not signalled by the agent) still shows its last lines.
+    its own (not signalled by the agent) still shows its last lines. ``log`` (a file the
+    pump closes at the end) gets every line, unfiltered and without the prefix.
     ``on_exit(child, returncode)`` is called from the pump thread once the output is
     drained and the process has ended.
     """
@@ -177,6 +179,8 @@ def spawn(
         assert popen.stdout is not None
         for line in iter(popen.stdout.readline, b""):
             line = line if line.endswith(b"\n") else line + b"\n"
+            if log is not None:
+                _keep(log, line)
             for shown in output.feed(line):
                 write_line(sink, prefix + shown)
         for shown in output.flush():
@@ -186,6 +190,9 @@ def spawn(
             write_line(sink, prefix + f"(quiet) failed with {describe_exit(code)}; its last lines:\n".encode())
             for shown in output.tail:
                 write_line(sink, prefix + shown)
+        if log is not None:
+            _keep(log, f"--- {proc.name} on {proc.node} ended with {describe_exit(code)}\n".encode())
+            log.close()
         on_exit(child, code)
 
     child.pump = threading.Thread(target=pump, name=f"pump-{proc.name}", daemon=True)
@@ -194,6 +201,15 @@ def spawn(
 
 
 _write_lock = threading.Lock()
+
+
+def _keep(log: BinaryIO, data: bytes) -> None:
+    """Append to a process's log file; a full or lost disk must not stop the job (or its console)."""
+    try:
+        log.write(data)
+        log.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def write_line(sink: BinaryIO, data: bytes) -> None:

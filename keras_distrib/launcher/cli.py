@@ -46,6 +46,9 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
                    help="restarts of dead processes allowed per job before it fails (default 3; 0: fail fast)")
     p.add_argument("--requeue", action="store_true", default=None,
                    help="after a preemption/time-limit checkpoint, requeue the job (scontrol requeue, qrerun, brequeue)")
+    p.add_argument("--log-dir", default=None, metavar="DIR",
+                   help="every process's full output goes to DIR/SCHEDULER-JOBID/JOB-INDEX.log "
+                        "(default ./keras_distrib-logs: the job's working directory, beside Slurm's slurm-JOBID.out)")
     p.add_argument("--checkpoint-every", default=None, metavar="INTERVAL",
                    help="mid-epoch checkpoints of fit(checkpoint_dir=...): 500steps, 90s, 5min or epoch (default 120s)")
     if local:
@@ -75,7 +78,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "checkpoint_every")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "checkpoint_every", "log_dir")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 

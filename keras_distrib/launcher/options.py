@@ -35,6 +35,8 @@ class Options:
     max_restarts: int = 3
     requeue: bool = False
     checkpoint_every: str | None = None  # None: keras_distrib.checkpoint_interval.DEFAULT_EVERY
+    # Every process's full output: LOG_DIR/SCHEDULER-JOBID/JOB-INDEX.log (None: ./keras_distrib-logs).
+    log_dir: str | None = None
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -69,7 +71,7 @@ def load_config(path: str) -> dict[str, Any]:
 
 
 #: Examples for HINTs where the default (None) shows nothing.
-_EXAMPLES: dict[str, Any] = {"port_base": 23000, "interface": "ib0", "scheduler": "pbs"}
+_EXAMPLES: dict[str, Any] = {"port_base": 23000, "interface": "ib0", "scheduler": "pbs", "log_dir": "logs"}
 
 
 def _example(name: str) -> str:

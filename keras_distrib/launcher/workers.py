@@ -40,6 +40,12 @@ class ChildSettings:
     verbose: bool = False
     checkpoint_every: str | None = None
     interface: str | None = None
+    log_dir: Path | None = None  # every child's full output goes to LOG_DIR/JOB-INDEX.log
+
+
+def log_file_name(proc: Process) -> str:
+    """``worker-1.log``: one file per process of the job (task names are unique job-wide)."""
+    return f"{proc.job}-{proc.index}.log"
 
 
 @dataclass
@@ -75,7 +81,20 @@ class LocalProcesses:
 
     def _spawn(self, launch: Launch, env: dict[str, str]) -> Any:
         output = OutputFilter(banners=launch.banners, quiet=launch.quiet, has_gpus=bool(launch.proc.gpus))
-        return self.spawner(launch.proc, list(launch.argv), env, launch.runs_script, self.on_exit, output=output)
+        extra = {"log": self._open_log(launch.proc)} if self.settings.log_dir is not None else {}
+        return self.spawner(launch.proc, list(launch.argv), env, launch.runs_script, self.on_exit, output=output,
+                            **extra)
+
+    def _open_log(self, proc: Process) -> Any:
+        """The process's log file, appended to: a restart or a requeued run adds to the same file."""
+        assert self.settings.log_dir is not None
+        try:
+            log = open(self.settings.log_dir / log_file_name(proc), "ab")  # noqa: SIM115 - the pump closes it
+        except OSError:
+            return None  # the directory was checked at start; a disk that went away costs the file only
+        log.write(f"--- {proc.name} on {proc.node} started: {' '.join(self._started[proc.name][0].argv)}\n".encode())
+        log.flush()
+        return log
 
     def restart(self, names: Collection[str]) -> int:
         """Kill this node's processes among ``names`` (if alive), start them again as before; how many."""

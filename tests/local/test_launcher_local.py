@@ -188,3 +188,26 @@ def test_ctrl_c_works_when_the_launcher_inherited_ignore_sigint(tmp_path: Path) 
     assert proc.returncode == 130, out
     assert "[local0 chief:0] interrupted (KeyboardInterrupt)" in out and "Traceback" not in out
     assert "absl::InitializeLog" not in out and "oneDNN" not in out  # banners filtered
+
+
+@pytest.mark.parametrize("log_dir", [None, "elsewhere/logs"])
+def test_every_process_output_is_kept_in_the_log_dir(tmp_path: Path, log_dir: str | None) -> None:
+    """allreduce worker 1 is quiet on the console, but its print is in its file (no TensorFlow: a plain script)."""
+    (tmp_path / "hello.py").write_text(textwrap.dedent("""
+        import os, sys
+        print("print from", os.environ["KERAS_DISTRIB_TASK"])
+        print("to stderr", file=sys.stderr)
+    """))
+    args = ["--nodes", "2", "--layout", "allreduce", *(["--log-dir", log_dir] if log_dir else []), "hello.py"]
+    proc = start_local(args, tmp_path)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    lines = meaningful(out)
+    assert "[local0 worker:0] print from worker:0" in lines and not any("print from worker:1" in line for line in lines)
+    folder = tmp_path / (log_dir or "keras_distrib-logs") / f"local-{proc.pid}"
+    assert lines[-1] == f"[local0 agent] keras_distrib: the full output of every process is in {folder}", out
+    for index in (0, 1):
+        text = (folder / f"worker-{index}.log").read_text()
+        assert f"print from worker:{index}\nto stderr\n" in text
+        assert text.rstrip().endswith(f"--- worker:{index} on local{index} ended with exit code 0")
+    assert "the full output of every process is in" in (folder / "agent-0.log").read_text()
