@@ -263,11 +263,23 @@ def _split(message: str) -> tuple[str, str]:
     return cause.strip(), fix.strip()
 
 
+def error_classes() -> set[str]:
+    """``ERROR_CLASSES`` plus every ``class NameError(...)`` the packages define (a new error
+    class is in the catalogue without anyone listing it)."""
+    found = set(ERROR_CLASSES)
+    for module in _modules():
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Error") and node.bases:
+                found.add(node.name)
+    return found
+
+
 def scan() -> tuple[list[Entry], list[Unreadable]]:
     """Every entry of the catalogue, and the user-facing raises the scanner cannot read."""
+    classes = error_classes()
     entries: list[Entry] = []
     unreadable: list[Unreadable] = []
-    wrappers: dict[str, tuple[str, str]] = {}  # class -> text before/after {exc}
+    wrappers: dict[str, tuple[str, str, str]] = {}  # class -> text before/after {exc}, kind
     raw: list[tuple[str, str, str, str, str]] = []  # kind, class, message, where, path
     for module in _modules():
         for qualname, func in _functions(module.tree):
@@ -282,10 +294,12 @@ def scan() -> tuple[list[Entry], list[Unreadable]]:
                                 hole = "{" + node.name + "}"
                                 if text and hole in text:
                                     before, after = text.split(hole, 1)
-                                    wrappers[_call_name(node.type)] = (before, after)
+                                    said = _call_name(inner.func)
+                                    kind = "warning" if said in ("warn", "warning") or "warning" in before else "error"
+                                    wrappers[_call_name(node.type)] = (before, after, kind)
                 if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
                     cls = _call_name(node.exc.func)
-                    if cls not in ERROR_CLASSES or module.rel in INTERNAL or f"{module.rel}:{cls}" in INTERNAL:
+                    if cls not in classes or module.rel in INTERNAL or f"{module.rel}:{cls}" in INTERNAL:
                         continue
                     args = [a for a in node.exc.args if not (isinstance(a, ast.Constant) and not isinstance(a.value, str))]
                     texts = [module.render(a, local) for a in args[:2]]
@@ -321,8 +335,8 @@ def scan() -> tuple[list[Entry], list[Unreadable]]:
                                     f"{module.rel}:{node.lineno} ({qualname})", module.rel))
     fixes = load_fixes()
     for kind, cls, message, where, path in raw:
-        if cls in wrappers:
-            before, after = wrappers[cls]
+        if cls in wrappers:  # printed by the handler that catches it, as an error or a warning
+            before, after, kind = wrappers[cls]
             message = before + message + after
         cause, fix = _split(message)
         entry = Entry(kind, cause, fix, where, path, sources=[where])
