@@ -1,6 +1,6 @@
 """MkDocs hook: fills ``<!-- gen: NAME -->`` markers with tables generated from the code.
 
-Names: ``cli-options``, ``config-keys``, ``contract``, ``schedulers`` (docs/hooks/reference.py) and
+Names: ``cli-options``, ``config-keys``, ``contract``, ``schedulers``, ``public-api`` (docs/hooks/reference.py) and
 ``errors`` (docs/hooks/errors.py). An unknown name fails the build.
 """
 

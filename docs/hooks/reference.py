@@ -87,5 +87,12 @@ def schedulers() -> str:
     return "\n".join(rows)
 
 
+def public_api() -> str:
+    """A mkdocstrings block for every name ``import keras_distrib`` offers (its lazy table)."""
+    from keras_distrib import _LAZY
+
+    return "\n\n".join(f"::: {module}.{attr}" for module, attr in _LAZY.values())
+
+
 GENERATORS = {"cli-options": cli_options, "config-keys": config_keys, "contract": contract_table,
-              "schedulers": schedulers}
+              "schedulers": schedulers, "public-api": public_api}

@@ -114,7 +114,11 @@ def test_every_variable_the_code_reads_is_documented(site: Path) -> None:
 
 
 def test_api_reference_shows_the_public_functions(site: Path) -> None:
+    from keras_distrib import _LAZY
+
     page = html_of(site, "reference/api.md")
+    for module, attr in _LAZY.values():
+        assert f'id="{module}.{attr}"' in page, f"{module}.{attr}"
     for name in ("keras_distrib.trainers.fit", "keras_distrib.strategies.strategy", "keras_distrib.data.FileSource",
                  "cluster_parsers.parse_job", "keras_distrib.jax_distribution.distribution"):
         assert f'id="{name}"' in page, name
