@@ -50,6 +50,7 @@ GPU_GROWTH_VAR = "TF_FORCE_GPU_ALLOW_GROWTH"
 JAX_PREEMPTION_VAR = "JAX_ENABLE_PREEMPTION_SERVICE"
 JAX_DEVICE_IDS_VAR = "JAX_LOCAL_DEVICE_IDS"
 JAX_BIND_VAR = "JAX_COORDINATOR_BIND_ADDRESS"
+PROGRESS_FILE_VAR = "KERAS_DISTRIB_PROGRESS_FILE"
 
 #: Every variable ``child_env`` may set, with what it holds: the one table of the contract.
 VARIABLES: dict[str, str] = {
@@ -61,6 +62,9 @@ VARIABLES: dict[str, str] = {
     LAYOUT_VAR: "the layout (`ps-per-node`, `worker-per-gpu`, `allreduce`, `jax`, `jax-per-gpu`).",
     PROTOCOL_VAR: "TF server protocol (`grpc`).",
     STARTUP_TIMEOUT_VAR: "seconds to wait for the other tasks (`--startup-timeout`).",
+    PROGRESS_FILE_VAR: "path of this process's progress counter (16 bytes, next to the plan file): the trainers "
+                       "add one per scheduled function done and mark when fit/evaluate run (keras_distrib.progress); "
+                       "the agent's hang watchdog reads it (docs/faults.md, Hangs).",
     CHECKPOINT_EVERY_VAR: "the mid-epoch checkpoint interval, only when `--checkpoint-every` is given.",
     KD_LOG_LEVEL_VAR: "`DEBUG` with `--verbose`, unless set; otherwise as the agent got it (keras_distrib's "
                       "own log level in the child).",
@@ -103,6 +107,7 @@ MIN_INTEROP_THREADS = 2
 # Hides TensorFlow's C++ INFO and WARNING lines (oneDNN, cuInit, CUDA drivers) in children.
 QUIET_LOG_LEVEL = "2"
 PLAN_FILE_NAME = "plan.json"
+PROGRESS_FILE_PREFIX = "progress-"
 # Resilience: the script's exit code after a checkpoint taken on SIGUSR1/SIGTERM (EX_TEMPFAIL:
 # "try again later"), which the agent turns into a requeue.
 PREEMPTED_EXIT_CODE = 75
@@ -121,9 +126,14 @@ def write_plan_file(plan_json: str, directory: str | None = None) -> Path:
     return path
 
 
+def progress_file(plan_file: Path, proc: Process) -> Path:
+    """Where ``proc`` counts its progress: beside the plan file, in the agent's private directory."""
+    return plan_file.parent / f"{PROGRESS_FILE_PREFIX}{proc.job}-{proc.index}"
+
+
 def remove_plan_file(path: Path) -> None:
-    """Remove the plan file and its private directory (missing ones are fine)."""
-    for victim in (path, path.with_suffix(".json.tmp")):
+    """Remove the plan file, the progress files and their private directory (missing ones are fine)."""
+    for victim in (path, path.with_suffix(".json.tmp"), *path.parent.glob(PROGRESS_FILE_PREFIX + "*")):
         try:
             victim.unlink()
         except FileNotFoundError:
@@ -166,6 +176,7 @@ def child_env(
         PLAN_FILE_VAR: str(plan_file),
         TASK_VAR: proc.name,
         NODE_VAR: proc.node,
+        PROGRESS_FILE_VAR: str(progress_file(plan_file, proc)),
         LAYOUT_VAR: plan.layout,
         PROTOCOL_VAR: plan.protocol,
         STARTUP_TIMEOUT_VAR: str(startup_timeout),

@@ -49,12 +49,13 @@ from .formation import Channel, Identity, SoloChannel, form_job
 from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
 from .messages import (
-    ChildExited, Died, Done, Event, Failed, FromPeer, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
-    ScriptStopDeadline, SignalReceived, StartupChecked, Stop,
+    ChildExited, Died, Done, Event, Failed, FromPeer, Hung, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
+    ScriptStopDeadline, SignalReceived, StartupChecked, Stop, Stuck,
 )
 from .options import Options
 from .prestart import require_free_ports, require_protocol
 from .restarts import restart_line, restart_targets
+from .watchdog import HangGuard
 from .workers import ChildSettings, Launch, LocalProcesses
 
 logger = logging.getLogger(__name__)
@@ -197,6 +198,8 @@ class Agent:
         self.result: RunResult | None = None
         self.interrupted: int | None = None  # the SIGINT/SIGTERM being drained
         self.restarts = 0
+        self.restarts_seen = 0  # restarts carried out here (agent 0's or ordered): dates a Stuck report
+        self.hangs = HangGuard.for_agent(self)  # the hang watchdog (watchdog.py); started by run()
         self.done_agents: set[int] = set()  # agent 0: agents whose SCRIPTs all ended well
 
     @property
@@ -290,9 +293,11 @@ class Agent:
                 # waits for its peers, and importing TensorFlow in parallel saves seconds.
                 # The watch turns a peer that never comes up into one clear line.
                 threading.Thread(target=self._watch_startup, name="startup-watch", daemon=True).start()
+            self.hangs.start()
             while self.state is not State.STOPPED:
                 self.handle(self.events.get())
         finally:
+            self.hangs.stop()
             for s, handler in previous.items():
                 signal.signal(s, handler)
             if self.state is not State.STOPPED:  # an exception: the processes must still go
@@ -351,6 +356,8 @@ class Agent:
                 self.log.info(f"SCRIPT did not end within {SCRIPT_STOP_WAIT:.0f} s of the {signal.Signals(self.interrupted).name}; "
                               f"stopping every process (SIGKILL after {self.spec.options.shutdown_grace:g} s).")
                 self._stop(shell_exit_code(-self.interrupted))
+            case Hung(child, seconds, state, stacks):
+                self._on_hung(child, f"made no progress for {seconds:.0f} s (state: {state}); its Python stacks: {stacks}")
             case OrphanStopDeadline():
                 self.log.info(f"no stop order from the first node within {ORPHAN_STOP_WAIT:.0f} s of the signal; stopping.")
                 self._stop(shell_exit_code(-self.interrupted) if self.interrupted else 1)
@@ -395,6 +402,11 @@ class Agent:
             if not self.processes.script_running():
                 self._script_done(shell_exit_code(code))
             return
+        blamed = self.hangs.blame(child) if child.runs_script and not self.interrupted else None
+        if blamed is not None:  # a peer stopped and this one failed because of it: a fault, not SCRIPT's error
+            culprit, what = blamed
+            self._on_hung(culprit, what + f" ({child.label} exited with {describe_exit(code)} because of it)")
+            return
         self.fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
 
     def _script_done(self, code: int) -> None:
@@ -425,6 +437,8 @@ class Agent:
                 self._stop(int(code or 1))
             case Died(name, label, code):
                 self._decide_restart(name, label, code)
+            case Stuck(name, label, what, seen) if seen >= self.restarts_seen:  # else: already restarted
+                self._decide_restart(name, label, 1, what)
             case Done(_, code) if code == PREEMPTED_EXIT_CODE:
                 self._after_preemption()
             case Done(_, code) if code:
@@ -485,24 +499,47 @@ class Agent:
         else:
             self._decide_restart(child.proc.name, child.label, code)
 
-    def _decide_restart(self, dead: str, label: str, code: int) -> None:
-        """Agent 0: restart what ``dead`` takes down, on every node, or fail when the budget is spent."""
+    def _on_hung(self, culprit: Process | Any, what: str) -> None:
+        """A process is stuck (``what`` says how, and where its stacks are): name it, then as a death."""
+        proc = getattr(culprit, "proc", culprit)
+        if (proc is not culprit and not self.processes.current(culprit)) or self.interrupted:
+            return  # replaced by a restart meanwhile, or the job is ending on a signal anyway
+        label = f"{proc.name} on {proc.node}"
+        if not self._may_restart():
+            self.fail(f"{label} {what}. HINT: its stacks show where it waits; --max-restarts N restarts stuck "
+                      "processes, --hang-timeout sets how long no progress is allowed", 1)
+            return
+        if self.identity.leader:  # its restart line names it
+            self._decide_restart(proc.name, label, 1, what)
+        else:
+            self.log.debug(f"{label} {what}; agent 0 decides")
+            self.channel.to_leader(Stuck(proc.name, label, what, self.restarts_seen))
+
+    def _decide_restart(self, dead: str, label: str, code: int, what: str | None = None) -> None:
+        """Agent 0: restart what ``dead`` takes down, on every node, or fail when the budget is spent.
+
+        ``what``: how a stuck (not dead) process failed, for the lines.
+        """
         budget = self.spec.options.max_restarts
         if self.restarts >= budget:
             self.fail(
-                f"{label} exited unexpectedly with {describe_exit(code)}; the restart budget is spent "
-                f"({self.restarts}/{budget}). HINT: look for the cause in its output above; raise --max-restarts if deaths are expected",
+                f"{label} {what or 'exited unexpectedly with ' + describe_exit(code)}; the restart budget is spent "
+                f"({self.restarts}/{budget}). HINT: look for the cause in its "
+                f"{'stacks' if what else 'output above'}; raise --max-restarts if "
+                f"{'hangs' if what else 'deaths'} are expected",
                 shell_exit_code(code) or 1,
             )
             return
         self.restarts += 1
         targets = restart_targets(self.plan, dead)
-        self.log.info(restart_line(label, describe_exit(code), targets, dead, self.restarts, budget))
+        self.log.info(restart_line(label, describe_exit(code), targets, dead, self.restarts, budget, what))
         self.done_agents.clear()
         self.channel.to_all(Restart(tuple(targets)))
         self._restart_here(targets)
 
     def _restart_here(self, targets: list[str]) -> None:
+        self.restarts_seen += 1
+        self.hangs.keep_frozen_stacks(targets)  # a peer's stopped process, before the kill
         if self.processes.restart(targets) and self.state is State.WAITING:
             self._enter(State.RUNNING)
 

@@ -127,6 +127,8 @@ class Child:
     pump: threading.Thread
     # Set once the agent signalled it: its end is then expected, its output tail not needed.
     signalled: bool = False
+    # Its last output lines (the OutputFilter's): the hang watchdog reads which peer a failure blames.
+    tail: Sequence[bytes] = ()
 
     @property
     def label(self) -> str:
@@ -173,7 +175,7 @@ def spawn(
     )
     prefix = f"[{proc.node} {proc.name}] ".encode()
     sink = out if out is not None else sys.stdout.buffer
-    child = Child(proc, popen, runs_script, threading.Thread())
+    child = Child(proc, popen, runs_script, threading.Thread(), tail=output.tail)
 
     def pump() -> None:
         assert popen.stdout is not None

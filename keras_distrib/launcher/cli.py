@@ -44,6 +44,9 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
                    help="seconds of silence after which a node counts as lost (default 30)")
     p.add_argument("--max-restarts", type=int, default=None, metavar="N",
                    help="restarts of dead processes allowed per job before it fails (default 3; 0: fail fast)")
+    p.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                   help="seconds without progress (a stopped process, a SCRIPT that counts no step) after which "
+                        "the stuck process is named, its stacks kept, and it is restarted (default 300; 0: off)")
     p.add_argument("--requeue", action="store_true", default=None,
                    help="after a preemption/time-limit checkpoint, requeue the job (scontrol requeue, qrerun, brequeue)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
@@ -78,7 +81,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "checkpoint_every", "log_dir")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "checkpoint_every", "log_dir", "hang_timeout")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 

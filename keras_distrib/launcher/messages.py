@@ -127,9 +127,25 @@ class Done:
     code: int
 
 
-JobMessage = Start | Stop | Restart | Failed | Died | Done
+@dataclass(frozen=True)
+class Stuck:
+    """An agent -> agent 0: a process is stuck (hang watchdog) and restarts are allowed: agent 0 decides.
+
+    ``what`` is the naming line's rest (``made no progress for 120 s (state: stopped) ...``);
+    ``seen``: the restarts the sender had carried out, so a report from before a restart
+    that already replaced the process is dropped.
+    """
+
+    KEY: ClassVar[str] = "stuck"
+    name: str
+    label: str
+    what: str
+    seen: int = 0
+
+
+JobMessage = Start | Stop | Restart | Failed | Died | Done | Stuck
 ControlMessage = Nonce | Refused | Hello | Beat | JobMessage
-_WIRE: dict[str, type[Any]] = {cls.KEY: cls for cls in (Nonce, Refused, Beat, Start, Stop, Restart, Failed, Died, Done)}
+_WIRE: dict[str, type[Any]] = {cls.KEY: cls for cls in (Nonce, Refused, Beat, Start, Stop, Restart, Failed, Died, Done, Stuck)}
 
 
 def to_wire(message: ControlMessage) -> dict[str, Any]:
@@ -227,9 +243,19 @@ class ScriptStopDeadline:
 
 
 @dataclass(frozen=True)
+class Hung:
+    """The hang watchdog found this node's ``child`` stuck; its stacks are kept (``stacks``: where)."""
+
+    child: Child
+    seconds: float
+    state: str  # as /proc tells it: "stopped", "sleeping in futex_wait_queue", ...
+    stacks: str
+
+
+@dataclass(frozen=True)
 class OrphanStopDeadline:
     """An agent without SCRIPT got no stop order within ORPHAN_STOP_WAIT seconds of a signal."""
 
 
 Event = (ChildExited | FromPeer | PeerGone | PeerSilent | SignalReceived | StartupChecked
-         | ScriptStopDeadline | OrphanStopDeadline)
+         | ScriptStopDeadline | OrphanStopDeadline | Hung)

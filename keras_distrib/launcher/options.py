@@ -37,6 +37,11 @@ class Options:
     checkpoint_every: str | None = None  # None: keras_distrib.checkpoint_interval.DEFAULT_EVERY
     # Every process's full output: LOG_DIR/SCHEDULER-JOBID/JOB-INDEX.log (None: ./keras_distrib-logs).
     log_dir: str | None = None
+    # Hangs (docs/faults.md): seconds without progress before the job acts on the stuck
+    # process (0: no watchdog). 300 s: longer than any pause of a healthy job between two
+    # scheduled functions (a checkpoint save, an epoch end, a validation pass counts its
+    # own steps), and a SCRIPT's limit also grows to 3x its longest gap seen.
+    hang_timeout: float = 300.0
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -138,6 +143,9 @@ def validate(options: Options) -> Options:
         value = getattr(options, name)
         if not isinstance(value, (int, float)) or value <= 0:
             raise ClusterConfigError(f"{name.replace('_', '-')}={value!r} must be a positive number of seconds.", "e.g. 120.")
+    if not isinstance(options.hang_timeout, (int, float)) or options.hang_timeout < 0:
+        raise ClusterConfigError(f"hang-timeout={options.hang_timeout!r} must be a number of seconds >= 0.",
+                                 "e.g. --hang-timeout 300 (0: no hang watchdog).")
     if isinstance(options.max_restarts, bool) or not isinstance(options.max_restarts, int) or options.max_restarts < 0:
         raise ClusterConfigError(f"max-restarts={options.max_restarts!r} must be a whole number >= 0.", "e.g. --max-restarts 3 (0: fail fast).")
     if not isinstance(options.requeue, bool):

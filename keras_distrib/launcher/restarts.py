@@ -26,13 +26,17 @@ def restart_targets(plan: Plan, dead: str) -> list[str]:
     return [dead]
 
 
-def restart_line(label: str, how: str, targets: list[str], dead: str, used: int, budget: int) -> str:
-    """``worker:1 on n2 exited with signal 9 (SIGKILL); restarting it (1/3)``."""
+def restart_line(label: str, how: str, targets: list[str], dead: str, used: int, budget: int,
+                 what: str | None = None) -> str:
+    """``worker:1 on n2 exited with signal 9 (SIGKILL); restarting it (1/3)``.
+
+    ``what`` replaces ``exited with HOW`` (a stuck process: ``made no progress for 120 s ...``).
+    """
     others = [t for t in targets if t != dead]
     if not others:
-        what = "restarting it"
+        todo = "restarting it"
     elif any(t.startswith(CHIEF) for t in others) and len(targets) == 2:
-        what = "restarting it and the chief's SCRIPT, which resumes from its last checkpoint"
+        todo = "restarting it and the chief's SCRIPT, which resumes from its last checkpoint"
     else:
-        what = f"restarting all {len(targets)} workers, which resume from the last checkpoint"
-    return f"{label} exited with {how}; {what} ({used}/{budget})"
+        todo = f"restarting all {len(targets)} workers, which resume from the last checkpoint"
+    return f"{label} {what or 'exited with ' + how}; {todo} ({used}/{budget})"

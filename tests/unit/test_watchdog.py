@@ -1,0 +1,293 @@
+"""The hang watchdog's policy with a fake clock and fake processes, and the agent's decisions on it.
+
+No TF process: ``Watch`` is fed samples (state letter, progress counter) at chosen times;
+the agent is the lifecycle test's harness, fed ``Hung`` events and ``Stuck`` reports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keras_distrib import contract, progress
+from keras_distrib.launcher.messages import FromPeer, Hung, Restart, Stuck, decode, to_wire
+from keras_distrib.launcher.options import Options, validate
+from keras_distrib.launcher.watchdog import (
+    Sample, Watch, blamed_peers, dump_stacks, poll_interval, proc_state, stacks_file,
+)
+from test_agent_lifecycle import harness, lines  # noqa: F401 - the fixture is used by name
+
+pytestmark = pytest.mark.unit
+
+H = 120.0
+
+
+def run(watch: Watch, timeline: list[tuple[float, dict[str, Sample]]]) -> list[tuple[float, Any]]:
+    """Feed ``timeline`` (time, samples) to ``watch``; the verdicts with their times."""
+    return [(now, v) for now, samples in timeline if (v := watch.observe(now, samples)) is not None]
+
+
+def every(poll: float, until: float, make: Any) -> list[tuple[float, dict[str, Sample]]]:
+    steps = int(until / poll) + 1
+    return [(i * poll, make(i * poll)) for i in range(steps)]
+
+
+# -- Watch: when ---------------------------------------------------------------------------
+
+
+def test_a_healthy_job_is_never_named() -> None:
+    # A chief counting every 2 s, with a 100 s checkpoint pause at 500 s; servers sleeping.
+    def sample(t: float) -> dict[str, Sample]:
+        count = int(min(t, 500) / 2) + int(max(0.0, t - 600) / 2)
+        return {"chief:0": Sample("S", count, True), "ps:0": Sample("S"), "worker:0": Sample("R")}
+
+    assert run(Watch(H, 5), every(5, 3000, sample)) == []
+
+
+def test_silence_outside_fit_is_not_judged() -> None:
+    # fit ends at 300 s; SCRIPT then exports for 1000 s; a second fit starts at 1300 s,
+    # compiles for 200 s and counts again.
+    def sample(t: float) -> dict[str, Sample]:
+        busy = t < 300 or t >= 1300
+        count = int(min(t, 300) / 2) + (int((t - 1500) / 2) if t >= 1500 else 0)
+        return {"chief:0": Sample("S", count + 1, True, busy)}
+
+    assert run(Watch(H, 5), every(5, 2000, sample)) == []
+
+
+def test_the_first_count_arms_the_watch() -> None:
+    # Start-up and the first step's compilation take 400 s: no count yet, no verdict.
+    def sample(t: float) -> dict[str, Sample]:
+        return {"chief:0": Sample("S", None if t < 100 else (0 if t < 400 else 1 + int((t - 400) / 2)), True)}
+
+    assert run(Watch(H, 5), every(5, 1000, sample)) == []
+
+
+def test_a_silent_script_is_named_after_the_timeout() -> None:
+    def sample(t: float) -> dict[str, Sample]:
+        return {"chief:0": Sample("S", int(min(t, 300) / 2) + 1, True), "ps:0": Sample("S")}
+
+    verdicts = run(Watch(H, 5), every(5, 1000, sample))
+    assert len(verdicts) == 1  # named once, not again every round
+    when, verdict = verdicts[0]
+    assert verdict.key == "chief:0" and not verdict.stopped and verdict.state == "S"
+    assert 300 + H <= when <= 300 + H + 5 and verdict.seconds >= H
+
+
+def test_the_limit_grows_with_the_longest_healthy_gap() -> None:
+    # Chunks of 100 s (slow steps): 120 s of silence is normal; 3 x 100 s is the limit.
+    def sample(t: float) -> dict[str, Sample]:
+        return {"worker:0": Sample("S", int(min(t, 1000) / 100) + 1, True)}
+
+    verdicts = run(Watch(H, 5), every(5, 2000, sample))
+    assert [round(w) for w, _ in verdicts] == [1300]
+
+
+@pytest.mark.parametrize(("letter", "stopped_at"), [("T", 200.0), ("t", 350.0), ("D", 200.0)])
+def test_a_frozen_server_is_named_even_while_the_chief_still_counts(letter: str, stopped_at: float) -> None:
+    def sample(t: float) -> dict[str, Sample]:
+        return {"chief:0": Sample("S", int(t / 2) + 1, True), "ps:1": Sample(letter if t >= stopped_at else "S")}
+
+    (when, verdict), = run(Watch(H, 5), every(5, 1000, sample))
+    assert verdict.key == "ps:1" and verdict.stopped and verdict.state == letter
+    assert stopped_at + H <= when <= stopped_at + H + 5
+
+
+def test_the_frozen_process_is_named_not_the_chief_it_silenced() -> None:
+    # The chief counted last at 298 s; worker:1 stopped at 300 s: the chief's silence is
+    # due first, but the stopped worker is the cause.
+    def sample(t: float) -> dict[str, Sample]:
+        return {"chief:0": Sample("S", int(min(t, 298) / 2) + 1, True), "worker:0": Sample("S"),
+                "worker:1": Sample("T" if t >= 300 else "S")}
+
+    (_, verdict), = run(Watch(H, 2), every(2, 1000, sample))
+    assert verdict.key == "worker:1" and verdict.stopped and "chief:0" in verdict.others
+
+
+def test_stopped_before_blocked_and_the_longest_first() -> None:
+    def sample(t: float) -> dict[str, Sample]:
+        return {"ps:0": Sample("D" if t >= 10 else "S"), "ps:1": Sample("T" if t >= 50 else "S"),
+                "ps:2": Sample("T" if t >= 60 else "S")}
+
+    (_, verdict), = run(Watch(H, 5), every(5, 400, sample))
+    assert verdict.key == "ps:1" and set(verdict.others) == {"ps:0", "ps:2"}
+
+
+def test_a_stop_shorter_than_the_timeout_is_forgiven() -> None:
+    def sample(t: float) -> dict[str, Sample]:
+        return {"chief:0": Sample("S", int(t / 2) + 1, True), "ps:0": Sample("T" if 100 <= t < 200 else "S")}
+
+    assert run(Watch(H, 5), every(5, 1000, sample)) == []
+
+
+def test_the_whole_job_suspended_is_no_evidence() -> None:
+    # scontrol suspend stops every process, the agent too: it resumes 1000 s later.
+    timeline = [(t, {"chief:0": Sample("S", int(t / 2) + 1, True), "ps:0": Sample("S")}) for t in range(0, 300, 5)]
+    timeline += [(1300.0 + t, {"chief:0": Sample("S", 151 + int(t / 2), True), "ps:0": Sample("S")})
+                 for t in range(0, 300, 5)]
+    assert run(Watch(H, 5), timeline) == []
+
+
+def test_across_nodes_a_silent_script_waits_the_margin() -> None:
+    def sample(t: float) -> dict[str, Sample]:
+        return {"chief:0": Sample("S", int(min(t, 100) / 2) + 1, True)}
+
+    (when, _), = run(Watch(H, 5, margin=15), every(5, 1000, sample))
+    assert when >= 100 + H + 15 + 2  # + the longest gap seen (a chunk in flight at the freeze)
+
+
+def test_a_restarted_process_is_watched_anew() -> None:
+    watch = Watch(H, 5)
+    seen = [t for t in range(0, 120 * 3, 5) if watch.observe(t, {("a", 1 if t < 200 else 2): Sample("T")})]
+    assert seen == [120, 320]  # its successor (a new pid) is watched on a new clock
+
+
+def test_poll_interval_bounds() -> None:
+    assert poll_interval(300) == 5 and poll_interval(20) == 2 and poll_interval(1) == 0.5
+
+
+# -- evidence -------------------------------------------------------------------------------
+
+
+UNHEALTHY = (b"tensorflow.python.framework.errors_impl.UnavailableError: Collective ops is aborted by: "
+             b"The following tasks are unhealthy (stopped sending heartbeats):\n")
+
+
+@pytest.mark.parametrize(("lines_", "expected"), [
+    ([UNHEALTHY.rstrip(b"\n") + b" /job:worker/replica:0/task:1\n"], ["worker:1"]),
+    ([b"E1125 ... The following tasks are unhealthy (stopped sending heartbeats): /job:worker/task:2, "
+      b"/job:worker/task:0\n"], ["worker:2", "worker:0"]),
+    ([UNHEALTHY, b"/job:worker/task:1\n"], []),  # split over two lines: not claimed
+    ([b"ValueError: bad input\n"], []),
+])
+def test_blamed_peers(lines_: list[bytes], expected: list[str]) -> None:
+    assert blamed_peers(lines_) == expected
+
+
+def test_stacks_of_a_stopped_process_are_kept(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    try:
+        time.sleep(0.5)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while proc_state(child.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc_state(child.pid) == "T"
+        path = stacks_file(tmp_path / "logs", "ps:1")
+        how = dump_stacks(child.pid, path, "ps:1 on n2 made no progress for 120 s (state: stopped)")
+        text = path.read_text()
+        assert path.name == "ps-1.stacks.txt" and "ps:1 on n2 made no progress" in text
+        assert f"thread {child.pid} " in text and "stopped" in text  # /proc, always
+        if how == "py-spy":  # frames when py-spy is installed
+            assert "<module>" in text and "Thread" in text
+        assert proc_state(child.pid) == "T"  # reading it did not let it run
+    finally:
+        child.kill()
+        child.wait()
+    assert proc_state(child.pid) is None
+
+
+def test_progress_counter_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "progress-worker-0"
+    monkeypatch.delenv(contract.PROGRESS_FILE_VAR, raising=False)
+    progress.tick()  # outside a job: nothing
+    assert progress.read(path) is None
+    monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(path))
+    progress.tick()
+    progress.tick(4)
+    assert progress.read(path) == (5, False)
+
+    @progress.watched
+    def fit(fail: bool) -> None:
+        progress.tick()
+        assert progress.read(path) == (7 if fail else 6, True)
+        if fail:
+            raise RuntimeError
+
+    fit(False)
+    assert progress.read(path) == (6, False)
+    with pytest.raises(RuntimeError):
+        fit(True)
+    assert progress.read(path) == (7, False)
+    monkeypatch.setenv(contract.PROGRESS_FILE_VAR, "")
+    progress.tick()
+    assert progress.read(path) == (7, False)
+
+
+# -- options ---------------------------------------------------------------------------------
+
+
+def test_hang_timeout_option() -> None:
+    assert Options().hang_timeout == 300
+    assert validate(Options(hang_timeout=0)).hang_timeout == 0
+    with pytest.raises(Exception, match="hang-timeout=-1 must be a number of seconds >= 0"):
+        validate(Options(hang_timeout=-1))
+
+
+# -- the agent's decisions ------------------------------------------------------------------
+
+
+def hung(h: Any, name: str, seconds: float = 120, state: str = "stopped") -> None:
+    h.agent.handle(Hung(h.processes.named(name), seconds, state, f"/logs/{name.replace(':', '-')}.stacks.txt"))
+
+
+def test_a_stuck_ps_is_named_and_restarted_as_a_dead_one(lines: list[str]) -> None:
+    h = harness(agent_id=0, max_restarts=2)
+    hung(h, "ps:0")
+    assert h.processes.restarted == [["ps:0", "chief:0"]] and h.agent.restarts == 1
+    assert h.channel.to_all_sent == [Restart(("ps:0", "chief:0"))]
+    assert ("ps:0 on n1 made no progress for 120 s (state: stopped); its Python stacks: /logs/ps-0.stacks.txt; "
+            "restarting it and the chief's SCRIPT, which resumes from its last checkpoint (1/2)") in lines
+
+
+def test_a_stuck_worker_elsewhere_is_reported_to_agent_0() -> None:
+    h = harness(agent_id=1, max_restarts=2)
+    hung(h, "worker:1")
+    assert h.channel.to_leader_sent == [
+        Stuck("worker:1", "worker:1 on n2", "made no progress for 120 s (state: stopped); its Python stacks: "
+              "/logs/worker-1.stacks.txt", 0)]
+    assert h.processes.restarted == []  # agent 0 orders it
+
+
+def test_agent_0_restarts_all_reduce_workers_for_a_stuck_one_and_drops_stale_reports() -> None:
+    h = harness("allreduce", agent_id=0, max_restarts=3)
+    h.agent.handle(FromPeer(1, Stuck("worker:1", "worker:1 on n2", "made no progress for 120 s (state: stopped)", 0)))
+    assert h.channel.to_all_sent == [Restart(("worker:0", "worker:1", "worker:2"))]
+    # worker:2's agent saw its worker silent too and reported before the restart reached it
+    h.agent.handle(FromPeer(2, Stuck("worker:2", "worker:2 on n3", "made no progress for 121 s (state: sleeping)", 0)))
+    assert h.agent.restarts == 1
+    h.agent.handle(FromPeer(2, Stuck("worker:2", "worker:2 on n3", "made no progress for 130 s (state: stopped)", 1)))
+    assert h.agent.restarts == 2
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_a_stuck_process_without_restarts_left_fails_the_job_naming_it(max_restarts: int, lines: list[str]) -> None:
+    h = harness(max_restarts=max_restarts)
+    if max_restarts:
+        hung(h, "worker:0")
+    hung(h, "ps:0", 300)
+    assert h.agent.result is not None and h.agent.result.code == 1
+    assert "ps:0 on n1 made no progress for 300 s (state: stopped)" in h.agent.result.reason
+    assert ("restart budget is spent" in h.agent.result.reason) == bool(max_restarts)
+
+
+def test_a_report_on_a_replaced_child_is_no_news() -> None:
+    h = harness(max_restarts=2)
+    old = h.processes.named("worker:0")
+    h.exit("worker:0", -9)
+    h.agent.handle(Hung(old, 120, "stopped", "x"))
+    assert h.agent.restarts == 1
+
+
+def test_stuck_keeps_its_wire_format() -> None:
+    message = Stuck("ps:1", "ps:1 on n2", "made no progress for 120 s (state: stopped)", 2)
+    assert to_wire(message) == {"stuck": "ps:1", "label": "ps:1 on n2",
+                                "what": "made no progress for 120 s (state: stopped)", "seen": 2}
+    assert decode(to_wire(message)) == message
