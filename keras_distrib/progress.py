@@ -54,10 +54,18 @@ class _Counter:
         struct.pack_into("<Q", self.map, 8, self.depth)
 
 
+def reset() -> None:
+    """Read the variable again at the next call (a test that changes it in-process)."""
+    global _opened_for
+    _opened_for = None
+
+
 def _current() -> _Counter | None:
     global _counter, _opened_for
+    if _opened_for is not None:  # the variable is read once per process: tick() stays a few stores
+        return _counter
     path = os.environ.get(contract.PROGRESS_FILE_VAR, "")
-    if path != _opened_for:  # first call, or a new job in the same process (tests)
+    if path != _opened_for:
         with _lock:
             if path != _opened_for:
                 try:

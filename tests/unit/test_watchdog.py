@@ -197,9 +197,12 @@ def test_stacks_of_a_stopped_process_are_kept(tmp_path: Path) -> None:
 def test_progress_counter_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "progress-worker-0"
     monkeypatch.delenv(contract.PROGRESS_FILE_VAR, raising=False)
+    progress.reset()
     progress.tick()  # outside a job: nothing
     assert progress.read(path) is None
     monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(path))
+    progress.tick()  # read once per process
+    progress.reset()
     progress.tick()
     progress.tick(4)
     assert progress.read(path) == (5, False)
@@ -217,8 +220,10 @@ def test_progress_counter_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyP
         fit(True)
     assert progress.read(path) == (7, False)
     monkeypatch.setenv(contract.PROGRESS_FILE_VAR, "")
+    progress.reset()
     progress.tick()
     assert progress.read(path) == (7, False)
+    progress.reset()
 
 
 # -- options ---------------------------------------------------------------------------------
@@ -291,3 +296,73 @@ def test_stuck_keeps_its_wire_format() -> None:
     assert to_wire(message) == {"stuck": "ps:1", "label": "ps:1 on n2",
                                 "what": "made no progress for 120 s (state: stopped)", "seen": 2}
     assert decode(to_wire(message)) == message
+
+
+# -- blame: a peer's exit caused by a frozen process -----------------------------------------
+
+
+class _Popen:
+    def __init__(self, pid: int, ended: bool = False) -> None:
+        self.pid, self.ended = pid, ended
+
+    def poll(self) -> int | None:
+        return 1 if self.ended else None
+
+
+class _Child:
+    def __init__(self, proc: Any, pid: int, ended: bool = False, tail: tuple[bytes, ...] = ()) -> None:
+        self.proc, self.popen, self.tail, self.runs_script = proc, _Popen(pid, ended), tail, True
+
+
+def guard_over(children: list[Any], plan: Any, tmp_path: Path) -> Any:
+    from keras_distrib.launcher.watchdog import HangGuard
+
+    class Processes:
+        pass
+
+    processes = Processes()
+    processes.children = children  # type: ignore[attr-defined]
+    return HangGuard(lambda _e: None, processes, lambda: plan.processes, tmp_path, 20.0)
+
+
+@pytest.fixture()
+def frozen() -> Any:
+    child = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    os.kill(child.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while proc_state(child.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield child
+    child.kill()
+    child.wait()
+
+
+def test_blame_names_the_frozen_peer_the_error_names(tmp_path: Path, frozen: Any) -> None:
+    from cluster_parsers import JobInfo
+    from keras_distrib.plan import build_plan
+
+    plan = build_plan(JobInfo("local", "1", ("local0", "local1"), (1, 1)), "allreduce", hosts={"local0": "127.0.0.1", "local1": "127.0.0.1"})
+    w0, w1 = plan.processes
+    failed = _Child(w0, 1, ended=True, tail=(UNHEALTHY.rstrip(b"\n") + b" /job:worker/replica:0/task:1\n",))
+    guard = guard_over([failed, _Child(w1, frozen.pid)], plan, tmp_path)
+    culprit, what = guard.blame(failed)
+    assert culprit.proc is w1
+    assert what.startswith("stopped sending heartbeats (named by worker:0's error) (state: stopped); its Python stacks: ")
+    assert (tmp_path / "worker-1.stacks.txt").is_file()
+    # Not on this node: named from the plan; its own agent keeps the stacks at the restart.
+    culprit, what = guard_over([failed], plan, tmp_path).blame(failed)
+    assert culprit is w1 and "its node's agent keeps its Python stacks" in what
+    # Its own error, nothing frozen: no blame.
+    own = _Child(w0, 1, ended=True, tail=(b"ValueError: x\n",))
+    assert guard_over([own, _Child(w1, os.getpid())], plan, tmp_path).blame(own) is None
+
+
+def test_blame_without_a_named_peer_takes_a_frozen_local_one(tmp_path: Path, frozen: Any) -> None:
+    from cluster_parsers import JobInfo
+    from keras_distrib.plan import build_plan
+
+    plan = build_plan(JobInfo("local", "1", ("local0", "local1"), (1, 1)), "allreduce", hosts={"local0": "127.0.0.1", "local1": "127.0.0.1"})
+    w0, w1 = plan.processes
+    failed = _Child(w0, 1, ended=True, tail=(b"UnavailableError: socket closed\n",))
+    culprit, what = guard_over([failed, _Child(w1, frozen.pid)], plan, tmp_path).blame(failed)
+    assert culprit.proc is w1 and what.startswith("made no progress (state: stopped)")
