@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -385,8 +386,8 @@ class HangGuard:
     def for_agent(cls, agent: Any) -> HangGuard:
         spec = agent.spec
         job = spec.job
-        directory = getattr(spec, "log_dir", None) or Path(
-            os.environ.get("TMPDIR", "/tmp")) / f"keras_distrib-{job.scheduler}-{job.job_id}"
+        # The job's log directory (launch makes it); an agent built without one (tests) uses /tmp.
+        directory = spec.log_dir or Path(tempfile.gettempdir()) / f"keras_distrib-{job.scheduler}-{job.job_id}"
         hang_timeout = float(spec.options.hang_timeout)
         enabled = hang_timeout > 0 and not spec.runs_check and hasattr(agent.processes, "children")
         return cls(agent.post, agent.processes, lambda: agent.plan.processes, Path(directory), hang_timeout,
