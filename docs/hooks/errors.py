@@ -32,7 +32,7 @@ FIXES_FILE = Path(__file__).with_name("fixes.yml")
 #: Exceptions whose message reaches the user as is.
 ERROR_CLASSES = {
     "ClusterConfigError", "TrainerError", "CheckpointError", "IntervalError", "NotInJobError",
-    "StrategyOrderError", "ControlError", "ValueError", "TypeError",
+    "StrategyOrderError", "ControlError", "InputError", "ValueError", "TypeError",
 }
 #: Raises that never reach the user, with the reason.
 INTERNAL = {

@@ -4,9 +4,11 @@
   ``i % k``), and the per-shard shuffle; written once for every source.
 * `base`: the `Source` protocol every source honours, and `BaseSource`'s defaults.
 * One module per input kind: `arrays` (`ArraySource`), `tfdata` (`DatasetSource`),
-  `files` (`FileSource`), `self_loading` (`SelfLoadedSource`).
-* `input`: `as_source` (the user's input, turned into a source once per fit) and
-  `pipeline` (one worker's dataset of one epoch).
+  `files` (`FileSource`), `self_loading` (`SelfLoadedSource`), `pydataset`
+  (`PyDatasetSource`, a Keras ``PyDataset``).
+* `input`: `as_source` (the user's input, turned into a source once per fit; what no
+  layout takes is refused there with `InputError`) and `pipeline` (one worker's dataset
+  of one epoch). docs/input-kinds.md has the table of input kinds per layout.
 * `_private_apis`: the private TensorFlow APIs and seed rules the tf.data source needs,
   fenced, with their upstream reasons and the versions checked.
 
@@ -20,11 +22,12 @@ from __future__ import annotations
 
 from ._private_apis import DERIVED_SEEDS_SCANNED, EPOCH_INPUT, derived_op_seed, seeded_graph
 from .arrays import ArraySource
-from .base import BaseSource, CustomSource, Source
+from .base import BaseSource, CustomSource, InputError, Source
 from .files import READ_CHUNK, FileSource
 from .input import as_source, pipeline
 from .policy import (Order, flatten_nest, map_nest, shard_arrays, shard_dataset, shard_files, shard_indices,
                      shard_seed, shard_sizes, steps_for, worker_rank)
+from .pydataset import PyDatasetSource, is_py_dataset
 from .self_loading import SelfLoadedSource, self_loading
 from .tfdata import DatasetSource
 
@@ -36,6 +39,9 @@ __all__ = [
     "DatasetSource",
     "FileSource",
     "SelfLoadedSource",
+    "PyDatasetSource",
+    "InputError",
+    "is_py_dataset",
     "Order",
     "as_source",
     "pipeline",

@@ -1,8 +1,8 @@
 """Every private TensorFlow API and internal rule `keras_distrib.data` relies on, fenced.
 
-Checked against TensorFlow `TESTED_VERSIONS` (pyproject.toml bounds its minor): an upgrade
-re-checks this module and ``tests/unit/test_data.py`` (the seed and graph tests fail if a
-rule below changed). Each entry says which upstream limitation it works around.
+Checked against the TensorFlow and Keras releases in `TESTED_VERSIONS` (pyproject.toml
+bounds their minors): an upgrade re-checks this module and ``tests/unit/test_data.py`` (the
+seed and graph tests fail if a rule below changed). Each entry says which upstream limitation it works around.
 
 * `dataset_graph_def` / `function_from_graph_def`: a ``tf.data.Dataset`` built in the
   chief's (or each worker's) Python is rebuilt on every worker from its serialised graph.
@@ -10,6 +10,7 @@ rule below changed). Each entry says which upstream limitation it works around.
   (`derived_op_seed` copies TensorFlow's internal per-op seed rule to recognise seeds that
   differ between processes).
 * `ends_with_batch` reads from the graph whether the pipeline's elements are batches.
+* `enqueued_batches`: Keras' own pool for a PyDataset's `workers`.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import functools
 import random
 from typing import Any, Sequence
 
-#: The TensorFlow release these private uses were checked against (the same name in every
+#: The releases these private uses were checked against (the same name in every
 #: fenced module: tests/unit/test_import_boundaries.py reads it).
-TESTED_VERSIONS = {"tensorflow": "2.21.0"}
+TESTED_VERSIONS = {"tensorflow": "2.21.0", "keras": "3.15.1"}
 
 #: TensorFlow's bound for op seeds (tensorflow/python/framework/random_seed.py).
 _MAXINT32 = 2**31 - 1
@@ -185,3 +186,31 @@ def seeded_graph(graph_def: Any, seed: int) -> tuple[Any, str]:
     del graph.node[:]
     graph.node.extend(keep)
     return graph, _output_node(graph) + ":0"
+
+
+# ---------------------------------------------------------------- Keras' PyDataset workers
+
+def enqueued_batches(py_dataset: Any, count: int | None) -> Any:
+    """``py_dataset[0], py_dataset[1], ...`` (``count`` of them; None: endless), fetched
+    ahead by the PyDataset's own ``workers`` threads (processes if its
+    ``use_multiprocessing``), at most ``max_queue_size`` ahead, as Keras' ``model.fit`` does.
+
+    Upstream: Keras 3 (3.15) keeps the pool that honours those settings private
+    (``keras.src.trainers.data_adapters.py_dataset_adapter.OrderedEnqueuer``); its
+    ``get()`` stream must be stopped after the last batch, and never started for none.
+    """
+    from keras.src.trainers.data_adapters.py_dataset_adapter import OrderedEnqueuer
+
+    if count == 0:
+        return
+    enqueuer = OrderedEnqueuer(py_dataset, workers=py_dataset.workers,
+                               use_multiprocessing=py_dataset.use_multiprocessing,
+                               max_queue_size=py_dataset.max_queue_size, shuffle=False)
+    enqueuer.start()
+    try:
+        for i, batch in enumerate(enqueuer.get()):
+            yield batch
+            if count is not None and i >= count - 1:
+                return
+    finally:
+        enqueuer.stop()

@@ -1,8 +1,9 @@
 """The protocol every source honours, and the base class that gives the shared behaviour.
 
 The trainers only ever call what `Source` declares: ``num_examples`` and ``batched`` to
-count steps, ``epoch_elements`` for one epoch of one shard, and ``finish_batches`` after
-the pipeline batched it (`keras_distrib.data.pipeline`).
+count steps, ``epoch_elements`` for one epoch of one shard, ``finish_batches`` after
+the pipeline batched it (`keras_distrib.data.pipeline`), and ``on_epoch_begin`` /
+``on_epoch_end`` around each training epoch (a Keras PyDataset's hooks).
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from .policy import Order
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
+
+
+class InputError(ValueError):
+    """An input keras_distrib cannot take, or takes only in another form; ends with a HINT."""
 
 
 class Source(Protocol):
@@ -35,6 +40,14 @@ class Source(Protocol):
         """What the pipeline's batches become (identity unless the source parses batches)."""
         ...
 
+    def on_epoch_begin(self, epoch: int) -> None:
+        """Called by fit before each training epoch (in every process running the loop)."""
+        ...
+
+    def on_epoch_end(self, epoch: int) -> None:
+        """Called by fit after each training epoch's steps."""
+        ...
+
 
 class BaseSource:
     """Defaults for a `Source`: a per-shard shuffle by `Order`, batches used as they are."""
@@ -50,6 +63,12 @@ class BaseSource:
 
     def finish_batches(self, batches: "tf.data.Dataset") -> "tf.data.Dataset":
         return batches
+
+    def on_epoch_begin(self, epoch: int) -> None:
+        pass
+
+    def on_epoch_end(self, epoch: int) -> None:
+        pass
 
 
 class CustomSource(BaseSource):

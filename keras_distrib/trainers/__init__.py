@@ -137,8 +137,9 @@ def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int |
     ``checkpoint_dir`` (resume from / save to every epoch), ``ps_stale_reads`` or
     ``ps_local_steps`` (opt-in, parameter server only, change the training semantics: one
     variable read per closure; or K local steps per closure, see docs/training.md). ``x`` may be arrays (dict
-    inputs too), ``(x, y[, sample_weight])``, a ``tf.data.Dataset`` or a
-    `keras_distrib.data` source; it is sharded disjointly over the workers.
+    inputs too), ``(x, y[, sample_weight])``, a ``tf.data.Dataset``, a ``keras.utils.PyDataset``
+    or a `keras_distrib.data` source; it is sharded disjointly over the workers
+    (docs/input-kinds.md; a Python generator is refused with a HINT).
     ``batch_size``: examples per optimizer update (parameter server: each worker step;
     all-reduce: the global batch, split over the workers). Returns the History.
     """

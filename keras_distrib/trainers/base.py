@@ -242,8 +242,8 @@ class Trainer:
     ) -> Any:
         """Train like ``model.fit``; see `keras_distrib.trainers.fit`. Returns the History."""
         # Each input turned into a source once per fit (a DatasetSource reads its graph).
-        source = kd_data.as_source(as_data(x, y, sample_weight, class_weight))
-        val_source = None if validation_data is None else kd_data.as_source(validation_data)
+        source = kd_data.as_source(as_data(x, y, sample_weight, class_weight), "x")
+        val_source = None if validation_data is None else kd_data.as_source(validation_data, "validation_data")
         if validation_split:
             if validation_data is not None:
                 validation_split = 0.0  # Keras: validation_data wins
@@ -323,8 +323,10 @@ class Trainer:
             start = time.perf_counter()
             # The epoch a mid-epoch checkpoint resumes runs only its remaining steps.
             steps = resume_steps if epoch == initial_epoch and resume_steps else steps_per_epoch
+            train.source.on_epoch_begin(epoch)  # a Keras PyDataset's hooks (Source protocol)
             totals = self._run(train, epoch, training=True, steps=steps,
                                hooks=self._hooks(cbs, epoch, training=True))
+            train.source.on_epoch_end(epoch)
             self._after_train_epoch()
             self._share_epoch_state()
             seconds = time.perf_counter() - start
@@ -360,7 +362,7 @@ class Trainer:
         prefix: str = "",
     ) -> dict[str, float]:
         """Every example once (or ``steps`` batches); returns ``{"loss": ..., metric: ...}``."""
-        inp = self._prepare(kd_data.as_source(as_data(x, y, sample_weight)), batch_size=batch_size, shuffle=False,
+        inp = self._prepare(kd_data.as_source(as_data(x, y, sample_weight), "x"), batch_size=batch_size, shuffle=False,
                             seed=None, repeat=False)
         cbs = cb_utils.callback_list(callbacks, self.model, epochs=1, steps=steps or inp.steps,
                                      verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)

@@ -88,6 +88,11 @@ def keyed_source(x: Any, *, batch_size: int, steps: int | None) -> Any:
             f"keras_distrib.predict cannot put the rows of a {type(x).__name__} back in order. "
             "HINT: pass arrays, a tf.data.Dataset or a keras_distrib.data.FileSource."
         )
+    if kd_data.is_py_dataset(x) or not isinstance(x, (tuple, list, dict)) and hasattr(x, "__next__"):
+        raise TrainerError(
+            f"keras_distrib.predict does not take a {type(x).__name__} (it cannot key its rows to put them "
+            "back in order). HINT: pass arrays or a tf.data.Dataset (e.g. tf.data.Dataset.from_generator)."
+        )
     if isinstance(x, kd_data.FileSource):
         if steps is not None:
             raise TrainerError(

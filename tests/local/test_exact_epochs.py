@@ -9,7 +9,7 @@ layer that rejects an empty batch, so an empty batch in all-reduce fails the run
 One cluster per (layout, workers) runs every case of its grid in one script (a process
 connects to one cluster only). Input kinds: numpy dict / tf.data batched / unbatched /
 shuffled (reshuffle_each_iteration) / FileSource (per-record parse, batch-then-parse) /
-self_loading. A representative subset of
+self_loading / Keras PyDataset (inline, threads, processes) / tf.data from_generator. A representative subset of
 kinds x (size, batch) runs (see MAIN and SMALL; the full cross-product would take ~4x longer
 on 2 cores). worker-per-gpu uses the same ParameterServerTrainer as ps-per-node (only the
 process placement differs), so ps-per-node stands for both here.
@@ -112,6 +112,19 @@ def write_files(n, name):
     return kd.FileSource(paths, reader=reader, num_examples=n)
 
 
+class Batches(keras.utils.PyDataset):
+    """The examples of arrays(n) in batches of `batch` (the last one short); Keras' input kind."""
+    def __init__(self, n, batch, **kw):
+        super().__init__(**kw)
+        self.x, self.y = arrays(n)
+        self.n, self.batch = n, batch
+    def __len__(self):
+        return -(-self.n // self.batch)
+    def __getitem__(self, b):
+        s = slice(b * self.batch, min(self.n, (b + 1) * self.batch))
+        return {"a": self.x["a"][s], "b": self.x["b"][s]}, self.y[s]
+
+
 def data(kind, n, batch):
     """(fit positional args, fit keyword args) for one input kind."""
     x, y = arrays(n)
@@ -134,6 +147,19 @@ def data(kind, n, batch):
         return (write_files(n, "f"),), {"batch_size": batch}
     if kind == "files_parse_batch":
         return (write_files(n, "fb"),), {"batch_size": batch}
+    if kind == "from_generator":  # Python in the process that builds the dataset (ps: the chief)
+        def rows():
+            for i in range(n):
+                yield {"a": x["a"][i], "b": x["b"][i]}, y[i]
+        spec = ({"a": tf.TensorSpec([4], tf.float32), "b": tf.TensorSpec([2], tf.float32)}, tf.TensorSpec([], tf.float32))
+        ds = tf.data.Dataset.from_generator(rows, output_signature=spec).apply(tf.data.experimental.assert_cardinality(n))
+        return (ds,), {"batch_size": batch}
+    if kind == "pydataset":  # batch b to worker b % k
+        return (Batches(n, batch),), {}
+    if kind == "pydataset_threads":
+        return (Batches(n, batch, workers=2, max_queue_size=4),), {}
+    if kind == "pydataset_processes":
+        return (Batches(n, batch, workers=2, use_multiprocessing=True),), {}
     if kind == "self_loading":
         return (kd.self_loading(lambda rank, k: arrays(n), num_examples=n),), {"batch_size": batch}
     raise ValueError(kind)
@@ -158,9 +184,12 @@ KINDS = ["numpy", "batched", "unbatched", "shuffled", "files", "files_parse_batc
 # over 2 all-reduce workers (shards 225/224 -> 15 and 14 batches of 16) needs padding (issue
 # 14 item 1); 31 x 30 over 3 workers: shards 11/10/10 in batches of 10 -> 2, 1, 1.
 MAIN = [[k, 1347, 32] for k in KINDS] + [[k, n, b] for k in ("numpy", "shuffled") for n, b in ((1001, 7), (449, 32), (64, 32))]
+# Keras' PyDataset, dealt by batch index (43 and 15 batches; 4 batches over 3 workers: 2, 1, 1).
+MAIN += [["pydataset", 1347, 32], ["pydataset_threads", 449, 32]]
 MAIN += [["global_seed", 1001, 32]]  # last: the global seed it sets stays set
 EPOCHS = 2  # the second re-iterates (and reshuffles) the same input: enough to see a repeat
 SMALL = [[k, 1347, 32] for k in ("numpy", "unbatched", "shuffled", "files")] + [["numpy", 449, 32], ["numpy", 31, 30]]
+SMALL += [["pydataset", 31, 10], ["pydataset_processes", 449, 32], ["from_generator", 449, 32]]
 
 
 def run_grid(tmp_path: Path, layout: str, workers: int, cases: list[list[Any]]) -> list[dict[str, Any]]:
