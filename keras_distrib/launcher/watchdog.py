@@ -281,19 +281,24 @@ def dump_stacks(pid: int, path: Path, header: str) -> str:
 
 # MultiWorkerMirroredStrategy's coordination service, in the error a healthy peer exits with
 # when another stops (measured with TF 2.21, a SIGSTOPped all-reduce worker).
-_UNHEALTHY = re.compile(rb"tasks are unhealthy \(stopped sending heartbeats\):?\s*((?:/job:\w+/(?:replica:\d+/)?task:\d+[,\s]*)+)")
+_TASK_PATH = rb"/job:\w+/(?:replica:\d+/)?task:\d+"
+_UNHEALTHY = re.compile(rb"tasks are unhealthy \(stopped sending heartbeats\):?\s*(" + _TASK_PATH
+                        + rb"(?:[, \t]+" + _TASK_PATH + rb")*)")
 _TASK = re.compile(rb"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 
 
 def blamed_peers(lines: Sequence[bytes]) -> list[str]:
-    """``job:index`` of the peers a failed process's last output lines say stopped (oldest first)."""
+    """``job:index`` of the peers a failed process's last output lines say stopped (oldest first).
+
+    The lines are read as one text: the task list may follow the message on the next line.
+    JAX's coordination service (the same XLA code) names its tasks ``/job:jax_worker/...``.
+    """
     found: list[str] = []
-    for line in lines:
-        for match in _UNHEALTHY.finditer(line):
-            for job, index in _TASK.findall(match.group(1)):
-                name = f"{job.decode()}:{int(index)}"
-                if name not in found:
-                    found.append(name)
+    for match in _UNHEALTHY.finditer(b"".join(lines)):
+        for job, index in _TASK.findall(match.group(1)):
+            name = f"{job.decode()}:{int(index)}"
+            if name not in found:
+                found.append(name)
     return found
 
 
@@ -442,7 +447,14 @@ class HangGuard:
         if not self.enabled:
             return None
         alive = [c for c in self._children() if c is not failed and c.popen.poll() is None]
-        names = [n for n in blamed_peers(list(getattr(failed, "tail", ()))) if n != failed.proc.name]
+        jobs = {p.job for p in self.plan_processes()}
+
+        def in_plan(name: str) -> str:
+            # All-reduce and jax have one kind of process: /job:jax_worker/task:1 is worker:1.
+            job, index = name.split(":")
+            return f"{next(iter(jobs))}:{index}" if job not in jobs and len(jobs) == 1 else name
+
+        names = [n for n in map(in_plan, blamed_peers(list(getattr(failed, "tail", ())))) if n != failed.proc.name]
         if names:
             local = next((c for c in alive if c.proc.name == names[0]), None)
             why = f"stopped sending heartbeats (named by {failed.proc.name}'s error)"

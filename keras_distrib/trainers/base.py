@@ -32,6 +32,7 @@ from ..checkpoints import Meta, Preempted, preemption_signals, where_in_training
 from . import callbacks as cb_utils
 from ._common import CheckpointKeeper, TrainerError, check_model
 from .metrics import MetricSet, Totals
+from .stragglers import straggler_note
 
 logger = logging.getLogger(__name__)
 
@@ -339,7 +340,7 @@ class Trainer:
                 logs.update(self._evaluate(val, cbs, steps=validation_steps, prefix="val_"))
             cbs.on_epoch_end(epoch, logs)
             if report and self.is_chief:  # after Keras' progress bar finished its epoch line
-                logger.info(epoch_line(stats, epochs))
+                logger.info(epoch_line(stats, epochs, self.epoch_stats[-2] if epoch > initial_epoch else None))
             # After the callbacks: the checkpoint holds their view of this epoch (best values,
             # a learning rate ReduceLROnPlateau just lowered).
             self._save_checkpoint(keeper)
@@ -410,13 +411,16 @@ class Trainer:
         return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer, step=self.global_step)
 
 
-def epoch_line(stats: dict[str, Any], epochs: int) -> str:
-    """``epoch 2/5: 3.1 s, 45.2 steps/s (worker 0: 24.0, worker 1: 21.2 steps/s)``."""
+def epoch_line(stats: dict[str, Any], epochs: int, previous: dict[str, Any] | None = None) -> str:
+    """``epoch 2/5: 3.1 s, 45.2 steps/s (worker 0: 24.0, worker 1: 21.2 steps/s)``.
+
+    ``previous``: the epoch before in this fit, to name stragglers (stragglers.py).
+    """
     line = f"epoch {stats['epoch'] + 1}/{epochs}: {stats['seconds']:.1f} s, {stats['steps_per_sec']:.1f} steps/s"
     workers = stats.get("worker_steps_per_sec") or {}
     if workers:
         line += " (" + ", ".join(f"worker {w}: {r:.1f}" for w, r in workers.items()) + " steps/s)"
-    return line
+    return line + straggler_note(stats, previous)
 
 
 def summary_line(stats: Sequence[dict[str, Any]], seconds: float, outcome: str, checkpoint_dir: Any,

@@ -164,8 +164,15 @@ UNHEALTHY = (b"tensorflow.python.framework.errors_impl.UnavailableError: Collect
     ([UNHEALTHY.rstrip(b"\n") + b" /job:worker/replica:0/task:1\n"], ["worker:1"]),
     ([b"E1125 ... The following tasks are unhealthy (stopped sending heartbeats): /job:worker/task:2, "
       b"/job:worker/task:0\n"], ["worker:2", "worker:0"]),
-    ([UNHEALTHY, b"/job:worker/task:1\n"], []),  # split over two lines: not claimed
+    ([UNHEALTHY, b"/job:worker/task:1\n", b"/job:ps/task:0 is fine\n"], ["worker:1"]),  # the list on the next line
+    ([b"tasks are unhealthy (stopped sending heartbeats): /job:jax_worker/replica:0/task:3\n"], ["jax_worker:3"]),
     ([b"ValueError: bad input\n"], []),
+    # TF 2.21's own lines (a SIGSTOPped all-reduce worker:1, seen in worker:0's log)
+    ([b"Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are unhealthy "
+      b"(stopped sending heartbeats):\n", b"/job:worker/replica:0/task:1\n",
+      b"The tasks have crashed. Check the task logs for an earlier error, or scheduler events (e.g. preemption, "
+      b"eviction) to debug further.\n", b"\t [[{{node while/sgd/CollectiveReduceV2}}]] [Op:__inference_run_chunk_737]\n"],
+     ["worker:1"]),
 ])
 def test_blamed_peers(lines_: list[bytes], expected: list[str]) -> None:
     assert blamed_peers(lines_) == expected
@@ -352,6 +359,9 @@ def test_blame_names_the_frozen_peer_the_error_names(tmp_path: Path, frozen: Any
     # Not on this node: named from the plan; its own agent keeps the stacks at the restart.
     culprit, what = guard_over([failed], plan, tmp_path).blame(failed)
     assert culprit is w1 and "its node's agent keeps its Python stacks" in what
+    # JAX's name for the same task
+    jax_failed = _Child(w0, 1, ended=True, tail=(b"...tasks are unhealthy (stopped sending heartbeats): /job:jax_worker/task:1\n",))
+    assert guard_over([jax_failed], plan, tmp_path).blame(jax_failed)[0] is w1
     # Its own error, nothing frozen: no blame.
     own = _Child(w0, 1, ended=True, tail=(b"ValueError: x\n",))
     assert guard_over([own, _Child(w1, os.getpid())], plan, tmp_path).blame(own) is None
@@ -366,3 +376,24 @@ def test_blame_without_a_named_peer_takes_a_frozen_local_one(tmp_path: Path, fro
     failed = _Child(w0, 1, ended=True, tail=(b"UnavailableError: socket closed\n",))
     culprit, what = guard_over([failed, _Child(w1, frozen.pid)], plan, tmp_path).blame(failed)
     assert culprit.proc is w1 and what.startswith("made no progress (state: stopped)")
+
+
+# -- stragglers --------------------------------------------------------------------------------
+
+
+def test_a_straggler_is_named_after_two_slow_epochs() -> None:
+    from keras_distrib.trainers.base import epoch_line
+    from keras_distrib.trainers.stragglers import slow_workers
+
+    def stats(epoch: int, rates: dict[int, float]) -> dict[str, Any]:
+        return {"epoch": epoch, "seconds": 2.0, "steps_per_sec": sum(rates.values()), "worker_steps_per_sec": rates}
+
+    assert slow_workers({0: 10.0, 1: 4.9}) == {1: pytest.approx(0.49)}
+    assert slow_workers({0: 10.0, 1: 5.0}) == {}  # half: not clearly slower
+    assert slow_workers({0: 10.0, 1: 9.0, 2: 3.0}) == {2: 3.0 / 9.5}
+    assert slow_workers({0: 10.0}) == {} and slow_workers({}) == {}
+    first, second, third = stats(0, {0: 4.5, 1: 1.9}), stats(1, {0: 20.0, 1: 6.0}), stats(2, {0: 20.0, 1: 19.0})
+    assert epoch_line(first, 3) == "epoch 1/3: 2.0 s, 6.4 steps/s (worker 0: 4.5, worker 1: 1.9 steps/s)"
+    assert epoch_line(second, 3, first).endswith("; worker 1 is a straggler: 0.30x the others' steps/s for 2 epochs")
+    assert "straggler" not in epoch_line(third, 3, second)
+    assert "straggler" not in epoch_line(second, 3, None)  # the first epoch of a fit: no judgment
