@@ -130,3 +130,24 @@ for _ in range(600):
     progress.tick()
     time.sleep(0.1)
 """
+
+
+def test_a_frozen_jax_process_is_named(tmp_path: Path) -> None:
+    """Keras' own fit on JAX counts no progress: the /proc probe names the stopped process."""
+    pytest.importorskip("jax", reason="the [jax] extra is not installed")
+    from launcher_utils import REPO
+
+    job = HungJob(["--nodes", "2", "--layout", "jax", "--max-restarts", "0", "--hang-timeout", "10",
+                   str(REPO / "examples" / "digits_jax.py"), "--epochs", "500", "--verbose", "2"], tmp_path)
+    try:
+        assert wait_for(lambda: job.count("Epoch 2/500") >= 1, 600), job.text()[-3000:]
+        pid = job.stop("worker:1")
+        code = job.wait(timeout=NAMED_WITHIN)
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    assert code == 1, job.text()[-3000:]
+    errors = [line for line in job.lines if "error:" in line]
+    assert len(errors) == 1 and re.search(r"worker:1 on local1 made no progress for \d+ s \(state: stopped\); its "
+                                          r"Python stacks: \S+worker-1\.stacks\.txt", errors[0]), job.text()[-3000:]
+    assert not alive(sorted(job.seen | {pid}))
