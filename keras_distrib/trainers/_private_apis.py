@@ -5,9 +5,10 @@ upgrade only has to re-check this module (and `TESTED_VERSIONS`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 #: The releases these private uses were checked against; a different minor version warns
 #: (pyproject.toml bounds the minors too).
@@ -93,12 +94,48 @@ def scheduled_concrete_function(coordinator: Any, function: Any, args: tuple[Any
 
     strategy = coordinator.strategy
     replica_args = nest.map_structure(cc._maybe_as_type_spec, cc._select_worker_slice(0, args))
-    with strategy.scope():
+    with strategy.scope(), call_time_captures_in_outer_function():
         strategy.extended._being_scheduled = True
         try:
             return function.get_concrete_function(*replica_args)
         finally:
             strategy.extended._being_scheduled = False
+
+
+@contextlib.contextmanager
+def call_time_captures_in_outer_function() -> Iterator[None]:
+    """While tracing, a call-time capture made in a nested graph (a ``tf.cond`` branch, a
+    loop body) is made in the outermost function and captured from there as a tensor.
+
+    Upstream: ParameterServerStrategy turns every ``StaticHashTable`` created under its
+    scope (Keras' ``StringLookup``, ``IntegerLookup``, ``TextVectorization``) into a
+    ``DistributedTable``, a copy per worker whose handle a traced function takes through
+    ``FuncGraph.capture_call_time_value``: a placeholder fed, when the coordinator runs
+    the function on a worker, with that worker's copy. ``cond_v2`` and ``while_v2`` pass
+    only ordinary captures into their branch graphs, so a lookup inside a guarded step
+    failed on the worker ("You must feed a value for placeholder tensor
+    '.../string_lookup/None_Lookup/Placeholder'"). Only the outermost function is called
+    with its call-time values fed, so the placeholder must live there.
+    """
+    import tensorflow as tf
+    from tensorflow.python.framework import func_graph
+
+    original = func_graph.FuncGraph.capture_call_time_value
+
+    def capture(self: Any, closure: Any, spec: Any, key: Any = None, default_value: Any = None,
+                placeholder: Any = None) -> Any:
+        outer = getattr(self, "outer_graph", None)
+        if placeholder is None and isinstance(outer, func_graph.FuncGraph):
+            with outer.as_default():
+                value = capture(outer, closure, spec, key=key, default_value=default_value)
+            return tf.nest.map_structure(self.capture, value)
+        return original(self, closure, spec, key=key, default_value=default_value, placeholder=placeholder)
+
+    func_graph.FuncGraph.capture_call_time_value = capture
+    try:
+        yield
+    finally:
+        func_graph.FuncGraph.capture_call_time_value = original
 
 
 def num_ps(strategy: Any) -> int:
@@ -112,6 +149,13 @@ def compiled_metrics(model: Any) -> Any:
     """The model's compiled metrics container (upstream: Keras 3 does not expose the
     CompileMetrics object whose stateless_* methods make cross-worker sums exact)."""
     return getattr(model, "_compile_metrics", None)
+
+
+def sublayers(model: Any) -> list[Any]:
+    """Every layer inside ``model``, nested ones included (upstream: ``model.layers`` lists
+    the top level only; a ``TextVectorization`` keeps its ``StringLookup`` privately)."""
+    flatten = getattr(model, "_flatten_layers", None)
+    return list(flatten(include_self=False)) if flatten is not None else list(getattr(model, "layers", []))
 
 
 def compiled_loss(model: Any) -> Any:

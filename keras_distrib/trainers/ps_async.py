@@ -91,6 +91,7 @@ from . import packing
 from ._common import TrainerError, refuse_keras_loops, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, pack_totals, step_totals, unpack, unpack_totals, zeros_totals
+from .lookups import warn_tables_on_the_chief
 from .placement import placement_scope
 
 _BOTH_MODES = ("ps_stale_reads and ps_local_steps cannot both be on. HINT: choose one of them "
@@ -161,6 +162,7 @@ class ParameterServerTrainer(Trainer):
         super().__init__(model, resolve_strategy(strategy, allow=("ps",)), steps_per_execution=steps_per_execution)
         self._stale_reads = self._local_steps = False
         refuse_keras_loops(model)  # a model built under strategy.scope() gets the clear error too
+        warn_tables_on_the_chief(model)
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self.num_workers = len(private.coordinator_workers(self.coordinator))
         with placement_scope(model), self.strategy.scope():
