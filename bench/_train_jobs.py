@@ -661,3 +661,24 @@ def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]],
             yield name, functools.partial(launcher, model=model, rounds=rounds, steps=steps, batch=args.batch,
                                           k=args.k, examples=examples, workdir=Path(tmp))
             print(f"  {name}: done", file=sys.stderr, flush=True)
+
+
+def throughput_main(doc: str | None, benchmark: str, steps_table: dict[str, int], default_steps: int,
+                    compare: Callable[[Any, str, Callable[..., Any]], tuple[list[Any], dict[str, Any]]],
+                    title: Callable[[Any, int], str]) -> None:
+    """The main() of a throughput benchmark: per model, ``compare(args, name, run)`` launches
+    its clusters and returns (its comparisons, {label: steps/s per side}); then the table
+    titled ``title(args, rounds)`` and the saved results."""
+    from _harness import print_table, save
+
+    args = training_parser(doc).parse_args()
+    rounds, runs = model_runs(args, steps_table, default_steps)
+    comparisons: list[Any] = []
+    raw: dict[str, Any] = {}
+    for name, run in each_model(args, rounds, runs):
+        rows, rates = compare(args, name, run)
+        comparisons += rows
+        raw.update(rates)
+    print_table(title(args, rounds), comparisons)
+    save(benchmark, comparisons, {"batch": args.batch, "k": args.k, "models": [run[0] for run in runs],
+                                  "steps_per_sec": raw}, args.out)

@@ -30,9 +30,10 @@ where fn(keras) builds an uncompiled logits model with the given Keras module.
 
 from __future__ import annotations
 
+from typing import Any, Callable
 
-from _harness import Comparison, print_table, save
-from _train_jobs import each_model, model_runs, training_parser
+from _harness import Comparison
+from _train_jobs import throughput_main
 
 #: Steps per timed epoch: about 2-4 s of training per side on the 2-core machine (shorter
 #: epochs made the per-round ratios swing by +-20%).
@@ -40,32 +41,27 @@ STEPS = {"mlp": 600, "cnn": 240}
 DEFAULT_STEPS = 240
 
 
+def compare(args: Any, name: str, run: Callable[..., dict[str, list[float]]]) -> tuple[list[Comparison], dict[str, Any]]:
+    two = run("1ps2w", ["keras_distrib", "tf_keras", "tf_keras_k", "hand_loop", "hand_loop_unrolled"])
+    one = run("1ps1w", ["keras_distrib", "single_process"])
+    return [
+        Comparison(f"1. PS throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
+                   two["keras_distrib"], two["tf_keras"], target=">= 2.0"),
+        Comparison(f"1b. vs tuned tf_keras {name}", "keras_distrib", f"tf_keras fit spe={args.k}", "steps/s",
+                   two["keras_distrib"], two["tf_keras_k"], target="(info)"),
+        Comparison(f"2. trainer overhead {name}", "keras_distrib", "hand loop", "steps/s",
+                   two["keras_distrib"], two["hand_loop"], target=">= 0.95"),
+        Comparison(f"2b. vs unrolled hand loop {name}", "keras_distrib", "hand loop, unrolled", "steps/s",
+                   two["keras_distrib"], two["hand_loop_unrolled"], target="(info)"),
+        Comparison(f"4. distribution cost {name}", "1 worker + 1 ps", "one process", "steps/s",
+                   one["keras_distrib"], one["single_process"], target="(report)"),
+    ], {f"{name} 2 workers": two, f"{name} 1 worker": one}
+
+
 def main() -> None:
-    args = training_parser(__doc__).parse_args()
-    rounds, runs = model_runs(args, STEPS, DEFAULT_STEPS)
-    comparisons: list[Comparison] = []
-    raw: dict[str, dict[str, list[float]]] = {}
-    for name, run in each_model(args, rounds, runs):
-        two = run("1ps2w", ["keras_distrib", "tf_keras", "tf_keras_k", "hand_loop", "hand_loop_unrolled"])
-        one = run("1ps1w", ["keras_distrib", "single_process"])
-        raw[f"{name} 2 workers"] = two
-        raw[f"{name} 1 worker"] = one
-        comparisons += [
-            Comparison(f"1. PS throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
-                       two["keras_distrib"], two["tf_keras"], target=">= 2.0"),
-            Comparison(f"1b. vs tuned tf_keras {name}", "keras_distrib", f"tf_keras fit spe={args.k}", "steps/s",
-                       two["keras_distrib"], two["tf_keras_k"], target="(info)"),
-            Comparison(f"2. trainer overhead {name}", "keras_distrib", "hand loop", "steps/s",
-                       two["keras_distrib"], two["hand_loop"], target=">= 0.95"),
-            Comparison(f"2b. vs unrolled hand loop {name}", "keras_distrib", "hand loop, unrolled", "steps/s",
-                       two["keras_distrib"], two["hand_loop_unrolled"], target="(info)"),
-            Comparison(f"4. distribution cost {name}", "1 worker + 1 ps", "one process", "steps/s",
-                       one["keras_distrib"], one["single_process"], target="(report)"),
-        ]
-    print_table(f"Parameter-server throughput (batch {args.batch}, K={args.k}, {rounds} rounds, "
-                "chief + 2 workers + 1 ps; row 4: 1 worker + 1 ps vs one process)", comparisons)
-    save("ps_throughput", comparisons, {"batch": args.batch, "k": args.k, "models": [run[0] for run in runs],
-                                        "steps_per_sec": raw}, args.out)
+    throughput_main(__doc__, "ps_throughput", STEPS, DEFAULT_STEPS, compare,
+                    lambda args, rounds: f"Parameter-server throughput (batch {args.batch}, K={args.k}, {rounds} rounds, "
+                                         "chief + 2 workers + 1 ps; row 4: 1 worker + 1 ps vs one process)")
 
 
 if __name__ == "__main__":

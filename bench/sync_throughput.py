@@ -17,32 +17,30 @@ timed. Ratios are of steps/s, median and min-max over rounds.
 
 from __future__ import annotations
 
+from typing import Any, Callable
 
-from _harness import Comparison, print_table, save
-from _train_jobs import each_model, model_runs, training_parser
+from _harness import Comparison
+from _train_jobs import throughput_main
 
 #: Steps per timed epoch: about 1-2 s of training per side on the 2-core machine.
 STEPS = {"mlp": 150, "cnn": 50}
 DEFAULT_STEPS = 50
 
 
+def compare(args: Any, name: str, run: Callable[..., dict[str, list[float]]]) -> tuple[list[Comparison], dict[str, Any]]:
+    r = run("2w", ["keras_distrib", "tf_keras", "tf_keras_k"])
+    return [
+        Comparison(f"3. sync throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
+                   r["keras_distrib"], r["tf_keras"], target=">= 1.0"),
+        Comparison(f"3b. vs tuned tf_keras {name}", "keras_distrib", f"tf_keras fit spe={args.k}", "steps/s",
+                   r["keras_distrib"], r["tf_keras_k"], target="(info)"),
+    ], {name: r}
+
+
 def main() -> None:
-    args = training_parser(__doc__).parse_args()
-    rounds, runs = model_runs(args, STEPS, DEFAULT_STEPS)
-    comparisons: list[Comparison] = []
-    raw: dict[str, dict[str, list[float]]] = {}
-    for name, run in each_model(args, rounds, runs):
-        r = raw[name] = run("2w", ["keras_distrib", "tf_keras", "tf_keras_k"])
-        comparisons += [
-            Comparison(f"3. sync throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
-                       r["keras_distrib"], r["tf_keras"], target=">= 1.0"),
-            Comparison(f"3b. vs tuned tf_keras {name}", "keras_distrib", f"tf_keras fit spe={args.k}", "steps/s",
-                       r["keras_distrib"], r["tf_keras_k"], target="(info)"),
-        ]
-    print_table(f"Synchronous throughput, MultiWorkerMirroredStrategy, 2 workers "
-                f"(global batch {args.batch}, K={args.k}, {rounds} rounds)", comparisons)
-    save("sync_throughput", comparisons, {"batch": args.batch, "k": args.k, "models": [run[0] for run in runs],
-                                          "steps_per_sec": raw}, args.out)
+    throughput_main(__doc__, "sync_throughput", STEPS, DEFAULT_STEPS, compare,
+                    lambda args, rounds: f"Synchronous throughput, MultiWorkerMirroredStrategy, 2 workers "
+                                         f"(global batch {args.batch}, K={args.k}, {rounds} rounds)")
 
 
 if __name__ == "__main__":
