@@ -19,16 +19,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
 import timeit
 from pathlib import Path
 
-from _harness import Comparison, child_env, parser, print_table, save
-from _jobs import free_port_base
-from recovery import SCRIPT, progress_lines, task_pid
+from _harness import Comparison, parser, print_table, save
+from recovery import finish, progress_lines, task_pid
+from recovery import launch as recovery_launch
 
 KINDS = {  # kind -> (layout, task frozen)
     "worker (ps layout)": ("ps-per-node", "worker:1"),
@@ -38,33 +36,9 @@ KINDS = {  # kind -> (layout, task frozen)
 
 
 def launch(workdir: Path, layout: str, epochs: int, steps: int, hang_timeout: float | None) -> tuple[subprocess.Popen[str], Path, list[tuple[float, str]]]:
-    script = workdir / "train.py"
-    script.write_text(SCRIPT)
-    progress = workdir / f"progress-{time.monotonic_ns()}"
-    ckpt = workdir / f"ckpt-{time.monotonic_ns()}"
+    """bench/recovery.py's job, checkpoints every second, with ``--hang-timeout`` when given."""
     extra = ["--hang-timeout", str(hang_timeout)] if hang_timeout is not None else []
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "keras_distrib.local", "--nodes", "2", "--layout", layout, "--port-base",
-         str(free_port_base(8)), "--checkpoint-every", "1s", "--startup-timeout", "600", *extra, str(script),
-         str(progress), str(ckpt), str(epochs), str(steps)],
-        cwd=workdir, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    lines: list[tuple[float, str]] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append((time.time(), line.rstrip("\n")))
-
-    threading.Thread(target=read, daemon=True).start()
-    return proc, progress, lines
-
-
-def finish(proc: subprocess.Popen[str], lines: list[tuple[float, str]], what: str) -> None:
-    if proc.wait(timeout=900) != 0:
-        tail = [text for _, text in lines if "keras_distrib" in text or "Error" in text][-30:]
-        raise SystemExit(f"{what} failed with exit code {proc.returncode}:\n" + "\n".join(tail))
-    time.sleep(0.2)
+    return recovery_launch(workdir, layout, "1s", epochs, steps, extra)
 
 
 def freeze(workdir: Path, kind: str, epochs: int, steps: int, hang_timeout: float) -> tuple[float, float]:

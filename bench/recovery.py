@@ -26,6 +26,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 from _harness import Comparison, child_env, parser, print_table, save
 from _jobs import free_port_base
@@ -92,14 +93,17 @@ def task_pid(launcher: int, task: str) -> int | None:
     return None
 
 
-def launch(workdir: Path, layout: str, interval: str, epochs: int, steps: int) -> tuple[subprocess.Popen[str], Path, list[tuple[float, str]]]:
+def launch(workdir: Path, layout: str, interval: str, epochs: int, steps: int,
+           extra: Sequence[str] = ()) -> tuple[subprocess.Popen[str], Path, list[tuple[float, str]]]:
+    """The training job of SCRIPT (launcher options ``extra`` added); its output lines are
+    collected with their arrival time. Returns (launcher, progress file, lines)."""
     script = workdir / "train.py"
     script.write_text(SCRIPT)
     progress = workdir / f"progress-{time.monotonic_ns()}"
     ckpt = workdir / f"ckpt-{time.monotonic_ns()}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "keras_distrib.local", "--nodes", "2", "--layout", layout, "--port-base",
-         str(free_port_base(8)), "--checkpoint-every", interval, "--startup-timeout", "600", str(script),
+         str(free_port_base(8)), "--checkpoint-every", interval, "--startup-timeout", "600", *extra, str(script),
          str(progress), str(ckpt), str(epochs), str(steps)],
         cwd=workdir, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
