@@ -18,6 +18,8 @@ _LAZY = {
     "fit": ("keras_distrib.trainers", "fit"),
     "evaluate": ("keras_distrib.trainers", "evaluate"),
     "predict": ("keras_distrib.trainers", "predict"),
+    "once": ("keras_distrib.coordination", "once"),
+    "OnceError": ("keras_distrib.coordination", "OnceError"),
 }
 
 
@@ -34,4 +36,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'keras_distrib' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "cluster", "strategy", "distribution", "chief_path", "fit", "evaluate", "predict", "data"]
+__all__ = ["__version__", "cluster", "strategy", "distribution", "chief_path", "fit", "evaluate", "predict", "data", "once", "OnceError"]
