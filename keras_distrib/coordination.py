@@ -101,7 +101,7 @@ def once(fn: Callable[[], Any], *, per_node: bool = False, timeout: float | None
             raise
         store.set(key, _OK)
         return result
-    logger.info(f"keras_distrib.once({label}): waiting for {who}")
+    logger.debug(f"keras_distrib.once({label}): waiting for {who}")
     try:
         value = store.get(key, timeout)
     except TimeoutError:

@@ -5,7 +5,7 @@ runs every case in one script: the example of docs/porting.md as written; a job-
 (a race would show as a second writer or a short read), then every worker reads them; a
 per-node preparation (each emulated node its own directory); the return value; a waiter's
 timeout; a failure caught on every process. A second job lets the failure end it, as in a
-script that does not catch it.
+script that does not catch it. A third runs two processes of the jax layout.
 """
 
 from __future__ import annotations
@@ -156,3 +156,44 @@ def test_an_uncaught_failure_ends_the_job_with_its_traceback(tmp_path: Path) -> 
     assert code != 0, out[-6000:]
     lines = meaningful(out)
     assert any("ZeroDivisionError: division by zero" in line and "worker:0" in line for line in lines), out[-6000:]
+
+
+JAX_SCRIPT = r'''
+import json, os, sys, time
+import keras_distrib
+from keras_distrib import OnceError
+
+out, task = sys.argv[1], os.environ["KERAS_DISTRIB_TASK"]
+result = {"task": task}
+
+
+def prepare():
+    with open(os.path.join(out, "ran.log"), "a") as fh:
+        fh.write(task + "\n")
+    time.sleep(2)
+    return "ran"
+
+
+result["returned"] = keras_distrib.once(prepare)
+try:
+    keras_distrib.once(lambda: {}["missing"], name="lookup")
+except (OnceError, KeyError) as exc:
+    result["failed"] = f"{type(exc).__name__}: {exc}"
+with open(os.path.join(out, f"result-{task}.json"), "w") as fh:
+    json.dump(result, fh)
+'''
+
+
+def test_once_in_the_jax_layout(tmp_path: Path) -> None:
+    """Two JAX processes: the wait goes through JAX's distributed client instead."""
+    (tmp_path / "jax_once.py").write_text(JAX_SCRIPT)
+    proc = start_local(["--nodes", "2", "--layout", "jax", "--port-base", str(port_base()), "--max-restarts", "0",
+                        "jax_once.py", str(tmp_path)], tmp_path)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-6000:]
+    assert (tmp_path / "ran.log").read_text().split() == ["worker:0"]
+    first, second = (json.loads((tmp_path / f"result-worker:{i}.json").read_text()) for i in (0, 1))
+    assert first == {"task": "worker:0", "returned": "ran", "failed": "KeyError: 'missing'"}, first
+    assert second["returned"] is None, second
+    assert second["failed"].startswith("OnceError: keras_distrib.once(lookup) failed on worker:0 on local0 "
+                                       "(KeyError: 'missing'); worker:1 did not run it. HINT: "), second
