@@ -41,3 +41,28 @@ def declared_batch_size(dataset: Any) -> int | None:
     except Exception:  # an unusual pipeline: the caller only loses a warning
         return None
     return size if size > 0 else None
+
+
+def tf_key_value_store() -> Any:
+    """The TensorFlow runtime's context, whose ``set_config_key_value`` and
+    ``get_config_key_value(key, timeout_in_ms)`` reach the coordination service's
+    key-value store (used by `keras_distrib.once` in the all-reduce layout).
+
+    Upstream: MultiWorkerMirroredStrategy starts the coordination service every worker
+    joins, but TensorFlow exposes its key-value store only on the private eager context.
+    """
+    from tensorflow.python.eager import context
+
+    return context.context()
+
+
+def jax_key_value_store() -> Any:
+    """JAX's distributed-runtime client (``key_value_set``, ``blocking_key_value_get(key,
+    timeout_in_ms)``), used by `keras_distrib.once` in the jax layouts.
+
+    Upstream: ``jax.distributed.initialize`` connects the client every process shares, but
+    JAX exposes it only as ``jax._src.distributed.global_state.client``.
+    """
+    from jax._src.distributed import global_state
+
+    return global_state.client

@@ -18,9 +18,8 @@ process must make the same calls in the same order (they run the same SCRIPT).
 
 In the parameter-server layouts only the chief runs SCRIPT: ``fn`` simply runs there.
 
-Private APIs (upstream offers no public key-value access): TensorFlow's
-``context.context().set_config_key_value`` / ``get_config_key_value`` and JAX's
-``jax._src.distributed.global_state.client``.
+Upstream offers no public access to either store: both are reached through
+``keras_distrib/_private_apis.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ import logging
 import os
 from typing import Any, Callable
 
+from . import _private_apis as private
 from . import contract
 from .plan import JAX_LAYOUTS
 
@@ -135,9 +135,7 @@ class _TFStore:
         from .strategies import strategy
 
         strategy()  # MultiWorkerMirroredStrategy starts the coordination service (cached per process)
-        from tensorflow.python.eager import context
-
-        self._context = context.context()
+        self._context = private.tf_key_value_store()
 
     def set(self, key: str, value: str) -> None:
         self._context.set_config_key_value(key, value)
@@ -158,9 +156,7 @@ class _JaxStore:
         from .jax_distribution import distribution
 
         distribution()  # joins the job (cached per process)
-        from jax._src.distributed import global_state
-
-        self._client = global_state.client
+        self._client = private.jax_key_value_store()
 
     def set(self, key: str, value: str) -> None:
         self._client.key_value_set(key, value)
