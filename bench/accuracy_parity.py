@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             model = placement.build(builders[name], strategy)
             keras_distrib.fit(model, xtr, y_train, epochs=args.epochs, batch_size=args.batch, verbose=0,
                               seed=seed, strategy=strategy, steps_per_execution=args.steps_per_execution)
-            dist.append(float(keras_distrib.evaluate(model, xte, y_test, strategy=strategy)["accuracy"]))
+            dist.append(float(keras_distrib.evaluate(model, xte, y_test, strategy=strategy, return_dict=True)["accuracy"]))
             if args.recalibrate:
                 recalibrated.append(recalibrated_accuracy(keras, builders[name], model, xtr, xte, y_test, args.batch))
             for mode, wanted in (("stale_reads", args.ps_stale_reads), ("local_steps", args.ps_local_steps)):
@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> None:
                 keras_distrib.fit(opted, xtr, y_train, epochs=args.epochs, batch_size=args.batch, verbose=0,
                                   seed=seed, strategy=strategy, steps_per_execution=args.steps_per_execution,
                                   **{f"ps_{mode}": True})
-                opted_runs[mode].append(float(keras_distrib.evaluate(opted, xte, y_test, strategy=strategy)["accuracy"]))
+                opted_runs[mode].append(float(keras_distrib.evaluate(opted, xte, y_test, strategy=strategy,
+                                                                          return_dict=True)["accuracy"]))
         if getattr(trainer_for(model, strategy), "is_chief", True):
             print(json.dumps({"model": name, "layout": keras_distrib.cluster().layout,
                               "workers": keras_distrib.cluster().num_workers, "single": single, "distributed": dist,

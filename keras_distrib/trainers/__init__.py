@@ -133,7 +133,7 @@ def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int |
 
     Takes ``model.fit``'s arguments (see `keras_distrib.trainers.base.Trainer.fit` and the
     table in docs/training.md), plus ``strategy`` (default: the active one), ``steps_per_execution``
-    (steps per scheduled function, default 10), ``seed`` (shuffling) and
+    (steps per scheduled function; default: the model's compiled value if above 1, else 10), ``seed`` (shuffling) and
     ``checkpoint_dir`` (resume from / save to every epoch), ``ps_stale_reads`` or
     ``ps_local_steps`` (opt-in, parameter server only, change the training semantics: one
     variable read per closure; or K local steps per closure, see docs/training.md). ``x`` may be arrays (dict
@@ -152,13 +152,14 @@ def fit(model: Any, *args: Any, strategy: Any = None, steps_per_execution: int |
     return trainer.fit(*args, **kwargs)
 
 
-def evaluate(model: Any, *args: Any, strategy: Any = None, **kwargs: Any) -> dict[str, float]:
-    """Distributed evaluation of every example once, like ``model.evaluate(..., return_dict=True)``."""
+def evaluate(model: Any, *args: Any, strategy: Any = None, **kwargs: Any) -> Any:
+    """Distributed ``model.evaluate``: every example once; returns what Keras returns (the
+    loss alone as a scalar, else a list in ``model.metrics_names`` order; the dict with
+    ``return_dict=True``). A model's own ``test_step`` runs for every batch."""
     if _single_process(model, strategy):
         if args and len(args) == 1 and isinstance(args[0], tuple) and "y" not in kwargs:
             args = args[0]
-        kwargs.pop("prefix", None)
-        return model.evaluate(*args, return_dict=True, **{"verbose": 0, **kwargs})
+        return model.evaluate(*args, **{"verbose": 0, **kwargs})
     return trainer_for(model, strategy).evaluate(*args, **kwargs)
 
 

@@ -127,9 +127,11 @@ def _refusal(name: str) -> Any:
 
 
 def _overrides_loss(model: Any) -> bool:
+    """True if the model computes its own loss (``compute_loss`` or a whole ``train_step``)."""
     import keras
 
-    return type(model).compute_loss is not keras.Model.compute_loss
+    cls = type(model)
+    return cls.compute_loss is not keras.Model.compute_loss or cls.train_step is not keras.Model.train_step
 
 
 def _device(v: Any) -> str:

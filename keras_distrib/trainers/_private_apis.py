@@ -163,6 +163,18 @@ def compiled_loss(model: Any) -> Any:
     return getattr(model, "_compile_loss", None)
 
 
+def flatten_metrics_in_order(model: Any, logs: dict[str, Any]) -> Any:
+    """What ``model.evaluate`` returns without ``return_dict``: the loss alone, else a list
+    in ``model.metrics_names`` order (then the other keys sorted). Upstream: Keras computes
+    it in the private ``Trainer._flatten_metrics_in_order``; the fallback is its rule."""
+    flatten = getattr(model, "_flatten_metrics_in_order", None)
+    if flatten is not None:
+        return flatten(logs)
+    names = [n for n in getattr(model, "metrics_names", []) if n in logs]
+    results = [logs[n] for n in names] + [logs[k] for k in sorted(logs) if k not in names]
+    return results[0] if len(results) == 1 else results
+
+
 def optimizer_strategy(optimizer: Any) -> Any:
     """The tf.distribute strategy a Keras 3 optimizer was created under (upstream: the
     TensorFlow optimizer keeps it privately; a mismatch fails late inside apply_gradients)."""

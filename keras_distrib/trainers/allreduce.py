@@ -20,31 +20,42 @@ Every worker runs this loop in lockstep. Why it looks the way it does:
 * The K steps of a call loop *around* ``strategy.run`` (a loop inside the replica function
   fails with "merge_call called while defining a new graph").
 * ``optimizer.iterations`` is exact here (updates are synchronous), so it is the step.
+* The model's own ``train_step``/``test_step`` (docs/keras-contract.md) gets the user's
+  batches without mask or padding: every input pipeline is cut into the same number of
+  non-empty batches (`own_step_batches`), or the input is refused before training.
 * Only worker 0 writes: file-writing callbacks and checkpoints of other workers are
   redirected to temporary directories (TensorFlow wants every worker to save).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from .. import data as kd_data
+from . import steps as step_contract
 from ._common import TrainerError, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, step_totals, unpack, zeros_totals
 
-DEFAULT_STEPS_PER_EXECUTION = 10
 
-
-def _sum_over_workers(strategy: Any, nest: Any) -> Any:
+def _sum_over_workers(strategy: Any, nest: Any, local_replicas: int = 0) -> Any:
     """All-reduce (SUM over every replica) a nest of per-replica tensors (``strategy.run``
-    results: plain tensors with one local replica) with one collective: pack, reduce, unpack."""
+    results: plain tensors with one local replica) with one collective: pack, reduce, unpack.
+
+    ``local_replicas`` (> 0): ``nest`` is one value per worker (the same on its replicas), so
+    only the first of each worker's ``local_replicas`` replicas contributes (else a worker
+    with 2 replicas would count its value twice)."""
     import tensorflow as tf
 
     def pack(values: Any) -> Any:
-        return tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(values)], axis=0)
+        packed = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in tf.nest.flatten(values)], axis=0)
+        if local_replicas > 0:
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            packed *= tf.cast(tf.equal(replica % local_replicas, 0), tf.float64)
+        return packed
 
     packed = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(pack, args=(nest,)), axis=None)
     # Shapes and dtypes from the first local replica's values.
@@ -84,11 +95,65 @@ def _with_padding(ds: Any, endless: bool = False) -> Any:
     return real_ds.concatenate(real_ds.take(1).map(pad).repeat())
 
 
+def equal_batches(n: int, batches: int, batch: int) -> list[int]:
+    """Sizes of ``batches`` non-empty batches of at most ``batch`` of ``n`` examples: full
+    batches first, the last ones shorter (needs ``batches <= n <= batches * batch``)."""
+    sizes, left = [], n
+    for j in range(batches):
+        sizes.append(min(batch, left - (batches - j - 1)))
+        left -= sizes[-1]
+    return sizes
+
+
+def own_step_batches(source: Any, *, pipelines: int, replicas: int, per_replica: int | None,
+                     repeat: bool, method: str) -> tuple[int | None, list[list[int]] | None]:
+    """``(steps, batch sizes per pipeline)`` of an epoch fed to the model's own step.
+
+    The rule (no padding, no empty batch, the user's batch structure): every replica gets a
+    real, non-empty batch at every step, so each input pipeline yields the same number of
+    batches, a multiple of its replicas; a pipeline whose shard is shorter splits its last
+    batches (``equal_batches``). Where that cannot hold, one error before training.
+    ``steps`` None: the size is unknown (the epoch ends when every pipeline ends together).
+    """
+    local = max(1, replicas // max(1, pipelines))
+    hint = ("HINT: pass steps_per_epoch= (shards then repeat and every batch is real), or use arrays / an "
+            "unbatched dataset with at least one example per replica and step.")
+    if repeat:
+        return None, None
+    n = source.num_examples
+    if n is None:
+        raise TrainerError(
+            f"the model's own {method} needs every worker to run the same number of steps over real "
+            f"batches, and the size of this input is unknown. {hint}")
+    if source.batched:
+        counts = kd_data.shard_sizes(n, pipelines)
+        if len(set(counts)) > 1 or counts[0] % local or counts[0] == 0:
+            raise TrainerError(
+                f"the model's own {method} needs every worker to run the same number of steps over real "
+                f"batches: {n} batches over {pipelines} worker(s) x {local} replica(s) leave some replica "
+                f"without a batch at the last step. {hint} Or give a number of batches divisible by "
+                f"{pipelines * local}.")
+        return counts[0] // local, None
+    shards = kd_data.shard_sizes(n, pipelines)
+    steps = max(math.ceil(math.ceil(s / per_replica) / local) for s in shards)
+    if min(shards) < steps * local:
+        raise TrainerError(
+            f"the model's own {method} needs every worker to run the same number of steps over real "
+            f"batches: {n} examples in per-replica batches of {per_replica} over {pipelines} worker(s) x "
+            f"{local} replica(s) need {steps} steps, and the smallest shard ({min(shards)} examples) cannot "
+            f"fill {steps * local} non-empty batches. {hint}")
+    return steps, [equal_batches(s, steps * local, per_replica) for s in shards]
+
+
 class EpochInput:
-    """One distributed dataset per epoch (or one repeated one) over per-worker shards."""
+    """One distributed dataset per epoch (or one repeated one) over per-worker shards.
+
+    ``own_step`` (a ``(pipelines, method)`` pair): the batches go to the model's own step, so
+    they keep the user's structure (no mask, no padding) and are shaped by `own_step_batches`.
+    """
 
     def __init__(self, strategy: Any, source: Any, *, per_replica: int | None, shuffle: bool,
-                 seed: int | None, repeat: bool) -> None:
+                 seed: int | None, repeat: bool, own_step: tuple[int, str] | None = None) -> None:
         self.strategy, self.source, self.repeat = strategy, source, repeat
         self._options = dict(batch_size=per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
         self.sample = kd_data.pipeline(source, 0, 1, **self._options, epoch=0)
@@ -107,6 +172,13 @@ class EpochInput:
                 f"{source.num_examples} elements cannot feed {workers} workers (each needs at "
                 "least one). HINT: use more data or fewer workers."
             )
+        self.own_step = own_step is not None
+        self._sizes: list[list[int]] | None = None
+        if own_step is not None:
+            pipelines, method = own_step
+            steps, self._sizes = own_step_batches(source, pipelines=pipelines, replicas=workers,
+                                                  per_replica=per_replica, repeat=repeat, method=method)
+            self.steps = steps if not repeat else self.steps
         self._persistent = None
 
     def iterator(self, epoch: int) -> Any:
@@ -116,6 +188,13 @@ class EpochInput:
         def dataset_fn(ctx: Any) -> Any:
             ds = kd_data.pipeline(self.source, ctx.input_pipeline_id, ctx.num_input_pipelines,
                                   **self._options, epoch=epoch)
+            if self.own_step:  # the user's batches as they are (see own_step_batches)
+                sizes = self._sizes[ctx.input_pipeline_id] if self._sizes else None
+                if sizes and len(set(sizes)) > 1:
+                    import tensorflow as tf
+
+                    ds = ds.rebatch(tf.constant(sizes, tf.int64))
+                return ds
             return _with_padding(ds, endless=self.full_batch is not None)
 
         it = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
@@ -126,8 +205,6 @@ class EpochInput:
 
 class AllReduceTrainer(Trainer):
     """Trains a compiled Keras 3 model synchronously with MultiWorkerMirroredStrategy."""
-
-    default_steps_per_execution = DEFAULT_STEPS_PER_EXECUTION
 
     def __init__(self, model: Any, strategy: Any = None, *, steps_per_execution: int | None = None) -> None:
         super().__init__(model, resolve_strategy(strategy, allow=("allreduce",)), steps_per_execution=steps_per_execution)
@@ -151,51 +228,74 @@ class AllReduceTrainer(Trainer):
     def reset_functions(self) -> None:
         self._fns.clear()
 
-    # ------------------------------------------------------------ traced functions
+    # ------------------------------------------------------------ steps (one replica, one batch)
+    #
+    # As Keras' backend trainers: one method per step, run under ``strategy.run`` by the
+    # chunk function `_make_fn`; the model's own train_step/test_step replace them when its
+    # class overrides them (`_make_own_step_fn`). ``mask`` marks the real examples (padding
+    # weighs 0), ``global_n`` is the number of real examples of the step over all replicas.
+
+    def _losses(self, x: Any, y: Any, y_pred: Any, sw: Any, mask: Any, global_n: Any,
+                training: bool) -> tuple[Any, Any]:
+        """(loss to differentiate, sum of the local real examples' losses incl. regularisation)."""
+        import tensorflow as tf
+
+        model, replicas = self.model, self.strategy.num_replicas_in_sync
+        reg = tf.add_n([tf.cast(l, tf.float32) for l in model.losses]) if model.losses else tf.constant(0.0)
+        w = mask if sw is None else tf.cast(tf.reshape(sw, tf.shape(mask)), tf.float32) * mask
+        # Keras divides every compiled and added loss by the replicas in sync
+        # (keras.losses.loss.scale_loss_for_distribution): undo that to get the mean.
+        total = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)
+        mean = tf.cast(total, tf.float32) * replicas - reg
+        # Keras' mean over the local batch (padding weighs 0) -> sum over real examples.
+        local_sum = mean * tf.cast(batch_size_of(x), tf.float32)
+        return local_sum / global_n + reg / replicas, local_sum + reg * tf.reduce_sum(mask)
+
+    def _fold(self, totals: dict[str, Any], y: Any, y_pred: Any, sw: Any, mask: Any, loss_sum: Any,
+              finite: Any) -> dict[str, Any]:
+        """The step's loss, count and metric state folded into ``totals`` (real examples only)."""
+        import tensorflow as tf
+
+        real = mask > 0
+        keep = lambda t: None if t is None else tf.boolean_mask(t, real)  # noqa: E731
+        state = self.metrics.update(totals["state"], tf.nest.map_structure(keep, y),
+                                    tf.nest.map_structure(keep, y_pred), None if sw is None else keep(sw))
+        n = tf.reduce_sum(mask)
+        # step_totals folds mean*n: pass the sum's mean over the real examples.
+        return step_totals(totals, tf.math.divide_no_nan(loss_sum, n), n, state, finite)
+
+    def train_step(self, batch: Any, mask: Any, totals: dict[str, Any], global_n: Any) -> dict[str, Any]:
+        import tensorflow as tf
+
+        model = self.model
+        x, y, sw = unpack(batch)
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            loss, loss_sum = self._losses(x, y, y_pred, sw, mask, global_n, training=True)
+        grads = tape.gradient(loss, model.trainable_variables)
+        # Sparse (embedding) gradients all-reduced dense: TensorFlow all-gathers
+        # IndexedSlices with collectives whose shapes must match on every worker and
+        # did not with 3 workers ("Shape mismatch in the collective instance").
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+        self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return self._fold(totals, y, y_pred, sw, mask, loss_sum, all_finite([loss] + list(grads)))
+
+    def test_step(self, batch: Any, mask: Any, totals: dict[str, Any], global_n: Any) -> dict[str, Any]:
+        import tensorflow as tf
+
+        x, y, sw = unpack(batch)
+        y_pred = self.model(x, training=False)
+        _, loss_sum = self._losses(x, y, y_pred, sw, mask, global_n, training=False)
+        return self._fold(totals, y, y_pred, sw, mask, loss_sum, tf.constant(True))
+
+    # ------------------------------------------------------------ the chunk functions
 
     def _make_fn(self, training: bool, full_batch: int | None) -> Any:
         """K steps per call; ``full_batch``: every step's known example count (no count, no end)."""
         import tensorflow as tf
 
-        model, opt, metrics, strategy = self.model, self.optimizer, self.metrics, self.strategy
-        replicas = strategy.num_replicas_in_sync
-
-        def losses(x: Any, y: Any, y_pred: Any, sw: Any, mask: Any, global_n: Any) -> tuple[Any, Any, Any]:
-            """(loss to differentiate, sum of the local real examples' losses incl. reg, reg)."""
-            reg = tf.add_n([tf.cast(l, tf.float32) for l in model.losses]) if model.losses else tf.constant(0.0)
-            w = mask if sw is None else tf.cast(tf.reshape(sw, tf.shape(mask)), tf.float32) * mask
-            # Keras divides every compiled and added loss by the replicas in sync
-            # (keras.losses.loss.scale_loss_for_distribution): undo that to get the mean.
-            total = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)
-            mean = tf.cast(total, tf.float32) * replicas - reg
-            # Keras' mean over the local batch (padding weighs 0) -> sum over real examples.
-            local_sum = mean * tf.cast(batch_size_of(x), tf.float32)
-            return local_sum / global_n + reg / replicas, local_sum + reg * tf.reduce_sum(mask), reg
-
-        def replica_step(batch: Any, mask: Any, totals: dict[str, Any], global_n: Any) -> dict[str, Any]:
-            x, y, sw = unpack(batch)
-            if training:
-                with tf.GradientTape() as tape:
-                    y_pred = model(x, training=True)
-                    loss, loss_sum, _ = losses(x, y, y_pred, sw, mask, global_n)
-                grads = tape.gradient(loss, model.trainable_variables)
-                # Sparse (embedding) gradients all-reduced dense: TensorFlow all-gathers
-                # IndexedSlices with collectives whose shapes must match on every worker and
-                # did not with 3 workers ("Shape mismatch in the collective instance").
-                grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-                opt.apply_gradients(zip(grads, model.trainable_variables))
-                finite = all_finite([loss] + list(grads))
-            else:
-                y_pred = model(x, training=False)
-                _, loss_sum, _ = losses(x, y, y_pred, sw, mask, global_n)
-                finite = tf.constant(True)
-            real = mask > 0
-            keep = lambda t: None if t is None else tf.boolean_mask(t, real)  # noqa: E731
-            state = metrics.update(totals["state"], tf.nest.map_structure(keep, y), tf.nest.map_structure(keep, y_pred),
-                                   None if sw is None else keep(sw))
-            n = tf.reduce_sum(mask)
-            # step_totals folds mean*n: pass the sum's mean over the real examples.
-            return step_totals(totals, tf.math.divide_no_nan(loss_sum, n), n, state, finite)
+        metrics, strategy = self.metrics, self.strategy
+        replica_step = self.train_step if training else self.test_step
 
         def local_count(mask: Any) -> Any:
             return tf.reduce_sum(mask)
@@ -237,10 +337,50 @@ class AllReduceTrainer(Trainer):
 
         return run_chunk
 
+    def _make_own_step_fn(self, training: bool) -> Any:
+        """K steps of the model's own train_step/test_step per call, under ``strategy.run``;
+        what it returns is reduced as Keras' TensorFlow trainer reduces it (the mean over
+        replicas) and the last step's is returned with the examples counted."""
+        import tensorflow as tf
+
+        strategy = self.strategy
+        method = getattr(self.model, "train_step" if training else "test_step")
+        user_step = step_contract.compiled_step(method, strategy,
+                                                reduce=lambda out: step_contract.mean_over_replicas(strategy, out))
+
+        def local_count(data: Any) -> Any:
+            return tf.cast(batch_size_of(unpack(data)[0]), tf.float32)
+
+        @tf.function
+        def run_chunk(iterator: Any, num_steps: Any, logs: Any) -> dict[str, Any]:
+            count, steps, finite = tf.constant(0.0), tf.constant(0, tf.int64), tf.constant(True)
+            for _ in tf.range(num_steps):
+                # Every pipeline yields the same number of real batches (own_step_batches)
+                # and `_run` asks for no more: no end to detect, no step skipped.
+                data = next(iterator)
+                logs = user_step(data)
+                count += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(data,)), axis=None)
+                finite = tf.logical_and(finite, step_contract.logs_finite(logs))
+                steps += 1
+            return {"loss_sum": tf.constant(0.0), "count": count, "steps": steps, "finite": finite, "state": [],
+                    "logs": logs}
+
+        first: list[Any] = []
+
+        def call(iterator: Any, num_steps: Any) -> dict[str, Any]:
+            if not first:
+                # The step's first trace (its optimizers built first, see first_trace); its
+                # output zeros are the logs before a step ran.
+                first.append(step_contract.first_trace(self.model, strategy, user_step, iterator.element_spec))
+            return run_chunk(iterator, num_steps, first[0])
+
+        return call
+
     def _fn(self, training: bool, full_batch: int | None) -> Any:
         key = (training, full_batch)
         if key not in self._fns:
-            self._fns[key] = self._make_fn(training, full_batch)
+            own = ("train_step" if training else "test_step") in self.custom_steps
+            self._fns[key] = self._make_own_step_fn(training) if own else self._make_fn(training, full_batch)
         return self._fns[key]
 
     def _share_epoch_state(self) -> None:
@@ -287,7 +427,7 @@ class AllReduceTrainer(Trainer):
 
     def _per_replica(self, batch_size: int | None) -> int:
         replicas = self.strategy.num_replicas_in_sync
-        global_batch = batch_size or 32
+        global_batch = batch_size or step_contract.DEFAULT_BATCH_SIZE
         per_replica = global_batch // replicas
         if per_replica < 1:
             raise TrainerError(
@@ -296,9 +436,12 @@ class AllReduceTrainer(Trainer):
             )
         return per_replica
 
-    def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool) -> EpochInput:
+    def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool,
+               own_step: str | None = None) -> EpochInput:
         per_replica = None if source.batched else self._per_replica(batch_size)
-        return EpochInput(self.strategy, source, per_replica=per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
+        own = (self._input_pipelines()[1], own_step) if own_step else None
+        return EpochInput(self.strategy, source, per_replica=per_replica, shuffle=shuffle, seed=seed, repeat=repeat,
+                          own_step=own)
 
     def _input_pipelines(self) -> tuple[int, int]:
         """(this worker's input pipeline index, number of pipelines): one per task."""
@@ -319,9 +462,9 @@ class AllReduceTrainer(Trainer):
         index, count = self._input_pipelines()
         per_replica = None if source.batched else self._per_replica(batch_size)
         ds = kd_data.pipeline(source, index, count, batch_size=per_replica, shuffle=False, seed=None, repeat=False)
-        spec = ordered.output_spec(self.model, ds.element_spec)
-        model = self.model
-        predict_batch = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+        call = self._predict_call()
+        spec = ordered.output_spec(self.model, ds.element_spec, call)
+        predict_batch = tf.function(call, reduce_retracing=True)
         keys, preds = ordered.empty_rows(spec)
         local = [(keys, preds)]
         for batches, (batch_keys, x) in enumerate(ds, start=1):
@@ -359,7 +502,8 @@ class AllReduceTrainer(Trainer):
 
         if getattr(self, "_sum", None) is None:
             # Traced per shape (static shapes pack into one buffer); every worker traces alike.
-            self._sum = tf.function(lambda nest: _sum_over_workers(self.strategy, nest))
+            local = max(1, self.strategy.num_replicas_in_sync // self._input_pipelines()[1])
+            self._sum = tf.function(lambda nest: _sum_over_workers(self.strategy, nest, local_replicas=local))
         return self._sum
 
     def _run(self, inp: EpochInput, epoch: int, *, training: bool, steps: int | None, hooks: ChunkHooks) -> Totals:
@@ -367,6 +511,8 @@ class AllReduceTrainer(Trainer):
         import tensorflow as tf
 
         fn, iterator = self._fn(training, inp.full_batch), inp.iterator(epoch)
+        if inp.own_step and steps is None:
+            steps = inp.steps  # the model's own step: exactly the epoch's steps (own_step_batches)
         totals = Totals(self.metrics.reset_numpy())
         k = self.steps_per_execution
         while steps is None or totals.steps < steps:
@@ -376,7 +522,7 @@ class AllReduceTrainer(Trainer):
             hooks.before(totals.steps)
             out = fn(iterator, tf.constant(n))
             done = int(out["steps"])
-            totals.add({key: (np.asarray(v) if key != "state" else v) for key, v in out.items()})
+            totals.add({key: (np.asarray(v) if key not in ("state", "logs") else v) for key, v in out.items()})
             if done:
                 hooks.after(totals.steps - 1, totals)
             if done < n or self._agree(hooks.stop()):

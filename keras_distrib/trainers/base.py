@@ -29,7 +29,9 @@ import numpy as np
 from .. import data as kd_data
 from .. import progress
 from ..checkpoints import Meta, Preempted, preemption_signals, where_in_training
+from . import _private_apis as private
 from . import callbacks as cb_utils
+from . import steps as step_contract
 from ._common import CheckpointKeeper, TrainerError, check_model
 from .metrics import MetricSet, Totals
 from .stragglers import straggler_note
@@ -84,14 +86,14 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None, class_weight: Any 
 class Trainer:
     """Distributed fit/evaluate for a compiled Keras 3 model; see the module docstring."""
 
-    #: Steps run inside one scheduled function when the caller does not say.
-    default_steps_per_execution = 10
-
     def __init__(self, model: Any, strategy: Any, *, steps_per_execution: int | None = None) -> None:
         self.strategy = strategy
         self.model = model
         self.optimizer = check_model(model, strategy)
-        self.steps_per_execution = max(1, int(steps_per_execution or self.default_steps_per_execution))
+        step_contract.check_compile_knobs(model)
+        self.steps_per_execution = step_contract.steps_per_execution(model, steps_per_execution)
+        #: The step methods the model's class overrides: those run instead of ours.
+        self.custom_steps = step_contract.overridden_steps(model)
         self.metrics = MetricSet(model)
         #: Per trained epoch: {"epoch", "seconds", "steps", "steps_per_sec",
         #: "worker_steps_per_sec": {worker: steps/s}} (public; seconds exclude validation).
@@ -111,7 +113,7 @@ class Trainer:
         raise NotImplementedError
 
     def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None,
-               repeat: bool) -> Any:  # pragma: no cover - abstract
+               repeat: bool, own_step: str | None = None) -> Any:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def _run(self, inp: Any, epoch: int, *, training: bool, steps: int | None,
@@ -165,11 +167,21 @@ class Trainer:
 
     def _ensure_metrics(self, inp: Any) -> None:
         if self.metrics.metric is not None and not self.metrics.metric.built:
-            self.metrics.build(self.model, next(iter(inp.sample.take(1))))
+            import contextlib
 
-    def _prepare(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool) -> Any:
+            # The model's own steps update the compiled metrics' variables in place (as
+            # Keras, which builds them under the strategy); ours only read their shapes.
+            scope = self.strategy.scope() if self.custom_steps else contextlib.nullcontext()
+            with scope:
+                self.metrics.build(self.model, next(iter(inp.sample.take(1))))
+
+    def _prepare(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool,
+                 training: bool) -> Any:
         """The input object of a `keras_distrib.data.Source` (made once per fit by `as_source`)."""
-        inp = self._input(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat)
+        # own_step: the model's own step will see these batches (all-reduce shapes them for it).
+        method = "train_step" if training else "test_step"
+        own_step = method if method in self.custom_steps else None
+        inp = self._input(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat, own_step=own_step)
         self._ensure_metrics(inp)
         return inp
 
@@ -184,9 +196,10 @@ class Trainer:
         def after(last: int, totals: Totals) -> None:
             progress.tick()  # the agent's hang watchdog (keras_distrib/progress.py): one memory write
             if training and not totals.finite:
+                what = ("a non-finite value returned by the model's train_step" if totals.last is not None
+                        else f"non-finite loss or gradients (loss {totals.loss_sum / max(totals.count, 1):.4g})")
                 raise TrainerError(
-                    f"non-finite loss or gradients in epoch {epoch + 1}, by step {last + 1} "
-                    f"(loss {totals.loss_sum / max(totals.count, 1):.4g}); training stopped. "
+                    f"{what} in epoch {epoch + 1}, by step {last + 1}; training stopped. "
                     "HINT: lower the learning rate, check the inputs for NaN/inf, or clip gradients "
                     "(optimizer clipnorm=...)."
                 )
@@ -209,10 +222,23 @@ class Trainer:
         return ChunkHooks(before=begin, after=after, stop=stop, checkpoint_due=checkpoint_due,
                           checkpoint_now=checkpoint_now)
 
+    def _logs(self, totals: Totals) -> dict[str, Any]:
+        """The logs of a finished epoch / evaluation (the model's own step: Keras' rule)."""
+        if totals.last is not None:
+            return step_contract.epoch_logs(self.model, totals.last)
+        return totals.logs(self.metrics)
+
+    def _reset_model_metrics(self, training: bool) -> None:
+        """Keras resets the model's metrics before each epoch and each evaluation; only the
+        model's own steps use them (ours keep exact sums instead, see `metrics`)."""
+        if ("train_step" if training else "test_step") in self.custom_steps:
+            self.model.reset_metrics()
+
     def _evaluate(self, inp: Any, callbacks: Any, *, steps: int | None, prefix: str) -> dict[str, float]:
         callbacks.on_test_begin()
+        self._reset_model_metrics(training=False)
         totals = self._run(inp, 0, training=False, steps=steps, hooks=self._hooks(callbacks, 0, training=False))
-        logs = totals.logs(self.metrics)
+        logs = self._logs(totals)
         callbacks.on_test_end(logs)
         return {prefix + k: v for k, v in logs.items()}
 
@@ -258,7 +284,7 @@ class Trainer:
                 source, val_source = source.split(at)
         verbose = cb_utils.resolve_verbose(verbose)
         repeat = steps_per_epoch is not None
-        train = self._prepare(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat)
+        train = self._prepare(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat, training=True)
         target = steps_per_epoch or train.steps
         if target is None:
             raise TrainerError(
@@ -268,7 +294,7 @@ class Trainer:
         val = None
         if val_source is not None:
             val = self._prepare(val_source, batch_size=validation_batch_size or batch_size,
-                                shuffle=False, seed=None, repeat=False)
+                                shuffle=False, seed=None, repeat=False, training=False)
 
         callbacks = list(callbacks or [])
         tmpdir = None if self.is_chief else tempfile.mkdtemp(prefix="keras_distrib_worker_")
@@ -320,6 +346,7 @@ class Trainer:
         cb_utils.restore_callback_state(*resume_callbacks)  # after on_train_begin, which resets it
         logs: dict[str, float] = {}
         for epoch in range(initial_epoch, epochs):
+            self._reset_model_metrics(training=True)
             cbs.on_epoch_begin(epoch)
             start = time.perf_counter()
             # The epoch a mid-epoch checkpoint resumes runs only its remaining steps.
@@ -335,7 +362,7 @@ class Trainer:
                      "steps_per_sec": totals.steps / max(seconds, 1e-9),
                      "worker_steps_per_sec": {w: n / max(seconds, 1e-9) for w, n in sorted(self.worker_steps.items())}}
             self.epoch_stats.append(stats)
-            logs = totals.logs(self.metrics)
+            logs = self._logs(totals)
             if val is not None and (epoch + 1) % max(1, validation_freq) == 0:
                 logs.update(self._evaluate(val, cbs, steps=validation_steps, prefix="val_"))
             cbs.on_epoch_end(epoch, logs)
@@ -360,14 +387,17 @@ class Trainer:
         sample_weight: Any = None,
         steps: int | None = None,
         callbacks: Sequence[Any] | None = None,
-        prefix: str = "",
-    ) -> dict[str, float]:
-        """Every example once (or ``steps`` batches); returns ``{"loss": ..., metric: ...}``."""
+        return_dict: bool = False,
+    ) -> Any:
+        """Every example once (or ``steps`` batches); returns what ``model.evaluate`` returns:
+        the loss alone as a scalar, else a list in ``model.metrics_names`` order, or the
+        ``{"loss": ..., metric: ...}`` dict with ``return_dict=True``."""
         inp = self._prepare(kd_data.as_source(as_data(x, y, sample_weight), "x"), batch_size=batch_size, shuffle=False,
-                            seed=None, repeat=False)
+                            seed=None, repeat=False, training=False)
         cbs = cb_utils.callback_list(callbacks, self.model, epochs=1, steps=steps or inp.steps,
                                      verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)
-        return self._evaluate(inp, cbs, steps=steps, prefix=prefix)
+        logs = self._evaluate(inp, cbs, steps=steps, prefix="")
+        return logs if return_dict else private.flatten_metrics_in_order(self.model, logs)
 
     def predict(
         self,
@@ -381,7 +411,7 @@ class Trainer:
         """Predictions for every row of ``x``, in ``x``'s order (see `keras_distrib.trainers.predict`)."""
         from . import ordered
 
-        source = ordered.keyed_source(x, batch_size=batch_size or 32, steps=steps)
+        source = ordered.keyed_source(x, batch_size=batch_size or step_contract.DEFAULT_BATCH_SIZE, steps=steps)
         cbs = cb_utils.callback_list(callbacks, self.model, epochs=1, steps=None,
                                      verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)
         cbs.on_predict_begin()
@@ -398,6 +428,17 @@ class Trainer:
         out = ordered.assemble(parts, None if source.batched else source.num_examples)
         cbs.on_predict_end()
         return out
+
+    def _predict_call(self) -> Callable[[Any], Any]:
+        """``x -> predictions`` of one batch: the model's own ``predict_step`` when its class
+        overrides it (given the ``data`` Keras would give it), else ``model(x, training=False)``."""
+        import tensorflow as tf
+
+        model = self.model
+        if "predict_step" in self.custom_steps:
+            # Traced as the Python it is, as Keras traces the steps (no AutoGraph).
+            return tf.autograph.experimental.do_not_convert(lambda x: model.predict_step(step_contract.step_data(x)))
+        return lambda x: model(x, training=False)
 
     def _predict_rows(self, source: Any, *, batch_size: int | None,
                       progress: Callable[[int], None]) -> list[tuple[Any, Any]]:  # pragma: no cover - abstract

@@ -92,6 +92,9 @@ class Totals:
     steps: int = 0
     finite: bool = True
     state: list[np.ndarray] = field(default_factory=list)
+    #: What the model's own train_step/test_step returned at the last step folded in
+    #: (None with the trainers' default steps).
+    last: Any = None
 
     def __post_init__(self) -> None:
         self.state = [r.copy() for r in self.reset]
@@ -104,8 +107,14 @@ class Totals:
         self.finite = self.finite and bool(out["finite"]) and np.isfinite(float(out["loss_sum"]))
         for i, s in enumerate(out["state"]):
             self.state[i] = self.state[i] + (np.asarray(s) - self.reset[i])
+        if out.get("logs") is not None and int(out["steps"]):
+            self.last = out["logs"]
 
     def logs(self, metrics: MetricSet, prefix: str = "") -> dict[str, float]:
+        if self.last is not None:  # the model's own step: its last logs, as Keras reports them
+            from .steps import pythonify_logs
+
+            return {prefix + k: v for k, v in pythonify_logs(self.last).items()}
         logs = {"loss": self.loss_sum / self.count if self.count else float("nan")}
         logs.update(metrics.results(self.state))
         return {prefix + k: v for k, v in logs.items()}

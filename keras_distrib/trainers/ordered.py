@@ -118,12 +118,14 @@ def keyed_source(x: Any, *, batch_size: int, steps: int | None) -> Any:
     return kd_data.ArraySource((keys, x))
 
 
-def output_spec(model: Any, element_spec: Any) -> Any:
-    """The model's output TensorSpecs for ``(keys, x)`` elements (traced, not run)."""
+def output_spec(model: Any, element_spec: Any, call: Any = None) -> Any:
+    """The output TensorSpecs of ``call`` (default: ``model(x, training=False)``) for
+    ``(keys, x)`` elements (traced, not run)."""
     import tensorflow as tf
 
     x_spec = element_spec[1]
-    concrete = tf.function(lambda x: model(x, training=False)).get_concrete_function(x_spec)
+    call = call or (lambda x: model(x, training=False))
+    concrete = tf.function(call).get_concrete_function(x_spec)
     return tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), concrete.structured_outputs)
 
 

@@ -78,6 +78,12 @@ Design notes (why):
   the factor 3 * 0.9**10 - 2 = -0.95 instead of 0.35; measured: the CNN of
   bench/accuracy_parity.py 12.5 points below one process). Averaged, it is the moving
   average over the K steps of the workers' mean input.
+* The model's own ``train_step``/``test_step`` (docs/keras-contract.md): when the model's
+  class overrides one, each step of a closure calls it (compiled once by
+  `steps.compiled_step`, under ``strategy.run``) instead of ours; the variables stay on the
+  ps, its optimizers apply there, and the closure returns what the last step returned
+  besides the counts. Its metrics and optimizers' step counters are updated in place by
+  every worker, so their ``assign_add`` is made atomic (as for ``iterations``).
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ from typing import Any, Callable
 from .. import data as kd_data
 from . import _private_apis as private
 from . import packing
+from . import steps as step_contract
 from ._common import TrainerError, refuse_keras_loops, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, pack_totals, step_totals, unpack, unpack_totals, zeros_totals
@@ -97,8 +104,6 @@ from .placement import placement_scope
 _BOTH_MODES = ("ps_stale_reads and ps_local_steps cannot both be on. HINT: choose one of them "
                "(or neither, the default).")
 
-#: Default steps per scheduled function (see module docstring for the measurement).
-DEFAULT_STEPS_PER_EXECUTION = 10
 #: Chunks up to this many steps are unrolled in the trace; longer ones use a graph loop.
 MAX_UNROLLED_STEPS = 32
 #: ...and only while steps x trainable variables stays below this: trace time and graph
@@ -153,8 +158,6 @@ class PerWorkerInput:
 class ParameterServerTrainer(Trainer):
     """Trains a compiled Keras 3 model asynchronously with a ParameterServerStrategy."""
 
-    default_steps_per_execution = DEFAULT_STEPS_PER_EXECUTION
-
     def __init__(self, model: Any, strategy: Any = None, *, steps_per_execution: int | None = None,
                  stale_reads: bool = False, local_steps: bool = False) -> None:
         import tensorflow as tf
@@ -192,6 +195,7 @@ class ParameterServerTrainer(Trainer):
     def stale_reads(self, on: bool) -> None:
         if on and self._local_steps:
             raise TrainerError(_BOTH_MODES)
+        step_contract.refuse_custom_step_modes(self.model, stale_reads=bool(on), local_steps=False)
         if bool(on) != self._stale_reads:
             self._stale_reads = bool(on)
             self.reset_functions()
@@ -204,6 +208,7 @@ class ParameterServerTrainer(Trainer):
     def local_steps(self, on: bool) -> None:
         if on and self._stale_reads:
             raise TrainerError(_BOTH_MODES)
+        step_contract.refuse_custom_step_modes(self.model, stale_reads=False, local_steps=bool(on))
         if on:
             try:  # validated now, before any closure is traced or scheduled
                 private.stateless_optimizer(self.optimizer, self.model.trainable_variables)
@@ -225,69 +230,133 @@ class ParameterServerTrainer(Trainer):
     def reset_functions(self) -> None:
         self._fns.clear()
 
-    # ------------------------------------------------------------ traced functions
+    # ------------------------------------------------------------ steps (one batch each)
+    #
+    # As Keras' backend trainers: one method per step, compiled into the chunk function by
+    # `_make_fn`. Each takes one batch and the metric state and returns
+    # ``(loss, examples, metric state, finite, ...)``; the model's own train_step/test_step
+    # replace them when its class overrides them (`steps`).
 
-    def _make_fn(self, training: bool) -> Any:
+    def _forward(self, x: Any, y: Any, sw: Any, values: list[Any], held: list[Any]) -> tuple[Any, Any, list[Any], Any]:
+        """The gradient block, written once: ``(loss, y_pred, grads, scope)`` with the trainable
+        variables read as ``values`` and the layer state as ``held`` (a StatelessScope, so the
+        step's new layer state is read from ``scope`` and nothing is written meanwhile)."""
         import keras
         import tensorflow as tf
 
+        model = self.model
+        mapping = list(zip(model.trainable_variables, values)) + list(zip(model.non_trainable_variables, held))
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
+        return loss, y_pred, tape.gradient(loss, values), scope
+
+    @staticmethod
+    def _new_state(scope: Any, state_variables: list[Any], held: list[Any]) -> list[Any]:
+        return [h if scope.get_current_value(v) is None else scope.get_current_value(v)
+                for v, h in zip(state_variables, held)]
+
+    def train_step(self, batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any], Any]:
+        """One step: packed read of the variables, gradients, packed update on the ps."""
+        variables, state_variables = self.model.trainable_variables, self.model.non_trainable_variables
+        groups, state_groups = self._groups
+        x, y, sw = unpack(batch)
+        values = packing.read_packed(variables, groups)
+        held = packing.read_packed(state_variables, state_groups)
+        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held)
+        packing.add_back(scope, state_variables, held)  # no update lost between workers
+        self.optimizer.apply_gradients(zip(packing.send_packed(grads, groups), variables))
+        finite = all_finite([loss] + list(grads))
+        return loss, batch_size_of(x), self.metrics.update(state, y, y_pred, sw), finite
+
+    def test_step(self, batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any], Any]:
+        import tensorflow as tf
+
+        model = self.model
+        x, y, sw = unpack(batch)
+        y_pred = model(x, training=False)
+        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
+        return loss, batch_size_of(x), self.metrics.update(state, y, y_pred, sw), tf.constant(True)
+
+    def stale_train_step(self, batch: Any, state: list[Any], values: list[Any], held: list[Any]) -> tuple[Any, ...]:
+        """Gradients at the closure's snapshot ``values`` (opt-in stale reads); the layer
+        state is carried locally from step to step and written back by `apply_stale`."""
+        import tensorflow as tf
+
+        x, y, sw = unpack(batch)
+        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, values)]
+        new_held = self._new_state(scope, self.model.non_trainable_variables, held)
+        finite = all_finite([loss] + grads)
+        return loss, batch_size_of(x), self.metrics.update(state, y, y_pred, sw), finite, grads, new_held
+
+    def apply_stale(self, grads: list[Any], before: list[Any], after: list[Any]) -> Any:
+        import tensorflow as tf
+
+        groups, _ = self._groups
+        self.optimizer.apply_gradients(zip(packing.send_packed(grads, groups), self.model.trainable_variables))
+        packing.add_changes(self.model.non_trainable_variables, before, after)  # no update lost between workers
+        return tf.constant(True)
+
+    def local_train_step(self, batch: Any, state: list[Any], local: tuple[Any, ...], view: Any) -> tuple[Any, ...]:
+        """One step on the closure's local copy (``local``: weights, layer state, optimizer
+        variables, iterations): Keras' own optimizer math on tensors, nothing on the ps."""
+        import keras
+        import tensorflow as tf
+
+        opt, variables = self.optimizer, self.model.trainable_variables
+        opt_floats = self._opt_floats
+        values, held, slots, iterations = local
+        x, y, sw = unpack(batch)
+        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held)
+        grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        new_held = self._new_state(scope, self.model.non_trainable_variables, held)
+        finite = all_finite([loss] + grads)
+        mapping = list(zip(variables, values)) + list(zip(opt_floats, slots)) + [(opt.iterations, iterations)]
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            private.stateless_apply(view, grads, variables)
+            now = [scope.get_current_value(v) for v in [*variables, *opt_floats, opt.iterations]]
+        old = [*values, *slots, iterations]
+        now = [o if n is None else n for n, o in zip(now, old)]
+        local = (now[:len(values)], new_held, now[len(values):-1], now[-1])
+        return loss, batch_size_of(x), self.metrics.update(state, y, y_pred, sw), finite, local
+
+    @property
+    def _groups(self) -> tuple[list[Any], list[Any]]:
+        """Packing groups of the trainable variables and of the layer state (see packing)."""
+        if getattr(self, "_packing_groups", None) is None:
+            self._packing_groups = (packing.pack_groups(self.model.trainable_variables),
+                                    packing.pack_groups(self.model.non_trainable_variables))
+        return self._packing_groups
+
+    @property
+    def _opt_floats(self) -> list[Any]:
+        return [v for v in self.optimizer.variables if "float" in str(v.dtype)]
+
+    # ------------------------------------------------------------ the chunk function
+
+    def _make_fn(self, training: bool) -> Any:
+        import tensorflow as tf
+
         model, opt, step, metrics, strategy = self.model, self.optimizer, self.global_step, self.metrics, self.strategy
-        variables = model.trainable_variables
-        groups = packing.pack_groups(variables)
-        state_variables = model.non_trainable_variables
-        state_groups = packing.pack_groups(state_variables)
-
-        def train_step(batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any], Any]:
-            x, y, sw = unpack(batch)
-            values = packing.read_packed(variables, groups)
-            held = packing.read_packed(state_variables, state_groups)
-            mapping = list(zip(variables, values)) + list(zip(state_variables, held))
-            with tf.GradientTape() as tape:
-                tape.watch(values)
-                with keras.StatelessScope(state_mapping=mapping) as scope:
-                    y_pred = model(x, training=True)
-                    loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
-            grads = tape.gradient(loss, values)
-            packing.add_back(scope, state_variables, held)  # no update lost between workers
-            opt.apply_gradients(zip(packing.send_packed(grads, groups), variables))
-            finite = all_finite([loss] + list(grads))
-            return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw), finite
-
-        def test_step(batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any], Any]:
-            x, y, sw = unpack(batch)
-            y_pred = model(x, training=False)
-            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
-            return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw), tf.constant(True)
-
-        replica_step = train_step if training else test_step
-
-        opt_floats = [v for v in opt.variables if "float" in str(v.dtype)]
+        variables, state_variables = model.trainable_variables, model.non_trainable_variables
+        groups, state_groups = self._groups
+        method = "train_step" if training else "test_step"
+        # The model's own step (Keras' contract): run as compiled, its logs carried.
+        user_step = (step_contract.compiled_step(getattr(model, method), strategy)
+                     if method in self.custom_steps else None)
+        replica_step = self.train_step if training else self.test_step
+        if user_step is not None:
+            # The model's own steps update its metrics and optimizers in place on the ps, from
+            # every worker at once: Keras' read-modify-write increments would lose updates.
+            for variable in [v for m in model.metrics for v in m.variables] + [
+                    o.iterations for o in step_contract.step_optimizers(model)]:
+                private.make_increments_atomic(variable)
+        opt_floats = self._opt_floats
         opt_groups = packing.pack_groups(opt_floats)
         view = private.stateless_optimizer(opt, variables) if training and self.local_steps else None
-
-        def local_step(batch: Any, state: list[Any], local: tuple[Any, ...]) -> tuple[Any, ...]:
-            # One step on the closure's local copy (`local`: weights, layer state, optimizer
-            # variables, iterations): Keras' own optimizer math on tensors, nothing on the ps.
-            values, held, slots, iterations = local
-            x, y, sw = unpack(batch)
-            mapping = list(zip(variables, values)) + list(zip(state_variables, held))
-            with tf.GradientTape() as tape:
-                tape.watch(values)
-                with keras.StatelessScope(state_mapping=mapping) as scope:
-                    y_pred = model(x, training=True)
-                    loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
-            grads = [None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(loss, values)]
-            new_held = [h if scope.get_current_value(v) is None else scope.get_current_value(v)
-                        for v, h in zip(state_variables, held)]
-            finite = all_finite([loss] + grads)
-            mapping = list(zip(variables, values)) + list(zip(opt_floats, slots)) + [(opt.iterations, iterations)]
-            with keras.StatelessScope(state_mapping=mapping) as scope:
-                private.stateless_apply(view, grads, variables)
-                now = [scope.get_current_value(v) for v in [*variables, *opt_floats, opt.iterations]]
-            old = [*values, *slots, iterations]
-            now = [o if n is None else n for n, o in zip(now, old)]
-            local = (now[:len(values)], new_held, now[len(values):-1], now[-1])
-            return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw), finite, local
 
         def one_local_step(iterator: Any, carry: tuple[dict[str, Any], Any, tuple[Any, ...]], endless: bool) -> Any:
             # The cond's branches touch only the worker: no ps round trip per step.
@@ -295,32 +364,11 @@ class ParameterServerTrainer(Trainer):
             has_value, batch = next_input(iterator, endless)
 
             def run() -> tuple[Any, ...]:
-                loss, n, state, finite, new_local = strategy.run(local_step, args=(batch(), totals["state"], local))
+                loss, n, state, finite, new_local = strategy.run(
+                    self.local_train_step, args=(batch(), totals["state"], local, view))
                 return step_totals(totals, loss, n, state, finite), exhausted, new_local
 
             return guarded(has_value, run, lambda: (totals, tf.constant(True), local))
-
-        def stale_grads(batch: Any, state: list[Any], values: list[Any], held: list[Any]) -> tuple[Any, ...]:
-            # Gradients at the closure's snapshot `values`; non-trainable state (BatchNorm
-            # statistics, seeds) is carried locally from step to step and written back.
-            x, y, sw = unpack(batch)
-            mapping = list(zip(variables, values)) + list(zip(state_variables, held))
-            with tf.GradientTape() as tape:
-                tape.watch(values)
-                with keras.StatelessScope(state_mapping=mapping) as scope:
-                    y_pred = model(x, training=True)
-                    loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
-            grads = tape.gradient(loss, values)
-            grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, values)]
-            new_held = [scope.get_current_value(v) if scope.get_current_value(v) is not None else h
-                        for v, h in zip(state_variables, held)]
-            finite = all_finite([loss] + grads)
-            return loss, batch_size_of(x), metrics.update(state, y, y_pred, sw), finite, grads, new_held
-
-        def apply_stale(grads: list[Any], before: list[Any], after: list[Any]) -> Any:
-            opt.apply_gradients(zip(packing.send_packed(grads, groups), variables))
-            packing.add_changes(state_variables, before, after)  # no update lost between workers
-            return tf.constant(True)
 
         def one_stale_step(iterator: Any, carry: tuple[dict[str, Any], Any, list[Any]], values: list[Any],
                            endless: bool) -> Any:
@@ -331,25 +379,31 @@ class ParameterServerTrainer(Trainer):
 
             def run() -> tuple[Any, ...]:
                 loss, n, state, finite, grads, new_held = strategy.run(
-                    stale_grads, args=(batch(), totals["state"], values, held))
+                    self.stale_train_step, args=(batch(), totals["state"], values, held))
                 return step_totals(totals, loss, n, state, finite), exhausted, grads, new_held
 
             def skip() -> tuple[Any, ...]:
                 return totals, tf.constant(True), [tf.zeros_like(v) for v in values], held
 
             totals, exhausted, grads, new_held = guarded(has_value, run, skip)
-            guarded(has_value, lambda: strategy.run(apply_stale, args=(grads, held, new_held)), lambda: tf.constant(False))
+            guarded(has_value, lambda: strategy.run(self.apply_stale, args=(grads, held, new_held)),
+                    lambda: tf.constant(False))
             return totals, exhausted, new_held
 
-        def one_step(iterator: Any, carry: tuple[dict[str, Any], Any], endless: bool) -> tuple[dict[str, Any], Any]:
-            totals, exhausted = carry
+        def one_step(iterator: Any, carry: tuple[dict[str, Any], Any, Any], endless: bool) -> tuple[Any, Any, Any]:
+            totals, exhausted, logs = carry  # logs: what the model's own step returned last
             has_value, batch = next_input(iterator, endless)
 
-            def run() -> tuple[dict[str, Any], Any]:
-                loss, n, state, finite = strategy.run(replica_step, args=(batch(), totals["state"]))
-                return step_totals(totals, loss, n, state, finite), exhausted
+            def run() -> tuple[Any, Any, Any]:
+                data = batch()
+                if user_step is not None:
+                    out = user_step(data)
+                    n = batch_size_of(unpack(data)[0])
+                    return step_totals(totals, 0.0, n, totals["state"], step_contract.logs_finite(out)), exhausted, out
+                loss, n, state, finite = strategy.run(replica_step, args=(data, totals["state"]))
+                return step_totals(totals, loss, n, state, finite), exhausted, logs
 
-            return guarded(has_value, run, lambda: (totals, tf.constant(True)))
+            return guarded(has_value, run, lambda: (totals, tf.constant(True), logs))
 
         def next_input(iterator: Any, endless: bool) -> tuple[Any, Any]:
             """(has_value, batch getter); has_value None when the input cannot run out."""
@@ -364,13 +418,31 @@ class ParameterServerTrainer(Trainer):
             # so an input that cannot run out (steps_per_epoch, no empty shard) runs without.
             return run() if has_value is None else tf.cond(has_value, run, skip)
 
+        def first_logs(iterator: Any) -> Any:
+            # The value carried before the first step: zeros shaped like the step's logs
+            # (its trace, reused by every step; nothing runs here).
+            if user_step is None:
+                return ()
+            spec = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape, s.dtype), iterator.element_spec)
+            return step_contract.output_zeros(user_step, spec)
+
+        def finish(shard: Any, totals: dict[str, Any], exhausted: Any, logs: Any, updates: list[Any]) -> Any:
+            head = tf.stack([tf.cast(shard, tf.float64), tf.cast(exhausted, tf.float64)])
+            result = tf.concat([head, pack_totals(totals)], axis=0)
+            if training:
+                # Counted last (atomic on the ps), after the last update and the result, so a
+                # closure lost with its worker before that point is not counted; its re-run is.
+                with tf.control_dependencies([result, *updates]):
+                    with tf.control_dependencies([step.assign_add(totals["steps"])]):
+                        result = tf.identity(result)
+            return result if user_step is None else {"vector": result, "logs": logs}
+
         @tf.function
         def run_chunk(iterator: Any, shard_ids: Any, num_steps: int, endless: bool = False) -> Any:
             # num_steps is a Python int (K, or a remainder): a constant in the graph
             # instead of a chief tensor sent with every closure (at most two traces).
             # endless: every shard repeats and is not empty, so no step needs a guard.
             shard = next(shard_ids)
-            updates: list[Any] = []
             if training and self.local_steps:  # opt-in: see the module docstring
                 start = (packing.read_packed(variables, groups), packing.read_packed(state_variables, state_groups),
                          packing.read_packed(opt_floats, opt_groups), tf.cast(step.read_value(), opt.iterations.dtype))
@@ -381,23 +453,19 @@ class ParameterServerTrainer(Trainer):
                 updates = (packing.add_packed(variables, groups, start[0], end[0])
                            + packing.add_changes(state_variables, start[1], end[1])
                            + packing.add_packed(opt_floats, opt_groups, start[2], end[2], 1.0 / self.num_workers))
-                head = tf.stack([tf.cast(shard, tf.float64), tf.cast(exhausted, tf.float64)])
-                result = tf.concat([head, pack_totals(totals)], axis=0)
-                with tf.control_dependencies([result, *updates]):
-                    with tf.control_dependencies([step.assign_add(totals["steps"])]):
-                        return tf.identity(result)
+                return finish(shard, totals, exhausted, (), updates)
             if training:
                 # Schedules and Adam's bias correction see the true step (up to the chunks in
                 # flight elsewhere); the chief makes iterations exact at every epoch end.
                 opt.iterations.assign(tf.cast(step.read_value(), opt.iterations.dtype))
-            carry = (zeros_totals(metrics), tf.constant(False))
+            carry = (zeros_totals(metrics), tf.constant(False), first_logs(iterator))
             unroll = num_steps <= MAX_UNROLLED_STEPS and num_steps * len(variables) <= MAX_UNROLLED_VARIABLE_STEPS
             if training and self.stale_reads:  # opt-in: one read per closure (module docstring)
                 values = packing.read_packed(variables, groups)
-                stale = (*carry, packing.read_packed(state_variables, state_groups))
+                stale = (*carry[:2], packing.read_packed(state_variables, state_groups))
                 for _ in range(num_steps):
                     stale = one_stale_step(iterator, stale, values, endless)
-                carry = stale[:2]
+                carry = (*stale[:2], ())
             elif unroll:  # unrolled: see the module docstring
                 for _ in range(num_steps):
                     carry = one_step(iterator, carry, endless)
@@ -406,16 +474,8 @@ class ParameterServerTrainer(Trainer):
                     if carry[1]:
                         break
                     carry = one_step(iterator, carry, endless)
-            totals, exhausted = carry
-            head = tf.stack([tf.cast(shard, tf.float64), tf.cast(exhausted, tf.float64)])
-            result = tf.concat([head, pack_totals(totals)], axis=0)
-            if not training:
-                return result
-            # Counted last (atomic on the ps), after the last update and the result, so a
-            # closure lost with its worker before that point is not counted; its re-run is.
-            with tf.control_dependencies([result, tf.identity(opt.iterations.value)]):
-                with tf.control_dependencies([step.assign_add(totals["steps"])]):
-                    return tf.identity(result)
+            totals, exhausted, logs = carry
+            return finish(shard, totals, exhausted, logs, [tf.identity(opt.iterations.value)] if training else [])
 
         return run_chunk
 
@@ -426,11 +486,14 @@ class ParameterServerTrainer(Trainer):
 
     # ------------------------------------------------------------ input and runner
 
-    def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool) -> PerWorkerInput:
+    def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool,
+               own_step: str | None = None) -> PerWorkerInput:
+        # own_step changes nothing here: a worker's shard is its own (never padded) and a
+        # closure that finds it exhausted runs no step.
         if source.batched:
             batch_size = None
         elif batch_size is None:
-            batch_size = 32
+            batch_size = step_contract.DEFAULT_BATCH_SIZE
         return PerWorkerInput(self.coordinator, source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat)
 
     def _window(self) -> int:
@@ -478,10 +541,13 @@ class ParameterServerTrainer(Trainer):
 
         def fold_oldest() -> None:
             _, rv = pending.popleft()
-            vector = rv.fetch()
+            vector, logs = rv.fetch(), None
+            if isinstance(vector, dict):  # the model's own step: its logs come along
+                vector, logs = vector["vector"], vector["logs"]
             if vector[1]:
                 exhausted.add(int(vector[0]))
             out = unpack_totals(vector[2:], reset)
+            out["logs"] = logs
             if training:  # the shard index is the worker's: steps per worker (stragglers)
                 self.worker_steps[int(vector[0])] = self.worker_steps.get(int(vector[0]), 0) + int(out["steps"])
             totals.add(out)
@@ -516,7 +582,8 @@ class ParameterServerTrainer(Trainer):
 
         from . import ordered
 
-        model, strategy = self.model, self.strategy
+        strategy = self.strategy
+        predict_one = self._predict_call()
 
         def one_batch(iterator: Any, carry: tuple[Any, Any, Any, Any]) -> tuple[Any, Any, Any, Any]:
             keys, preds, batches, exhausted = carry
@@ -524,7 +591,7 @@ class ParameterServerTrainer(Trainer):
 
             def run() -> tuple[Any, Any, Any, Any]:
                 batch_keys, x = optional.get_value()
-                y = strategy.run(lambda x: model(x, training=False), args=(x,))
+                y = strategy.run(predict_one, args=(x,))
                 joined = tf.nest.map_structure(lambda a, b: tf.concat([a, b], 0), preds, y)
                 return tf.concat([keys, batch_keys], 0), joined, batches + 1, exhausted
 
@@ -547,7 +614,7 @@ class ParameterServerTrainer(Trainer):
         from . import ordered
 
         inp = self._input(source, batch_size=batch_size, shuffle=False, seed=None, repeat=False)
-        fn = self._make_predict_fn(ordered.output_spec(self.model, inp.sample.element_spec))
+        fn = self._make_predict_fn(ordered.output_spec(self.model, inp.sample.element_spec, self._predict_call()))
         schedule = self._scheduler(fn, inp.iterator(0))
         k = min(self.steps_per_execution, MAX_UNROLLED_STEPS)
         parts: list[tuple[Any, Any]] = []

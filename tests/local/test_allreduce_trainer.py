@@ -66,7 +66,7 @@ elif mode == "uneven":
     x, y = x_train[:1001], y_train[:1001]
     model = placement.build(make_model, strategy)
     hist = keras_distrib.fit(model, (x, y), epochs=1, batch_size=30, verbose=0, strategy=strategy)
-    logs = keras_distrib.evaluate(model, (x, y), batch_size=30, strategy=strategy)
+    logs = keras_distrib.evaluate(model, (x, y), batch_size=30, strategy=strategy, return_dict=True)
     p = np.asarray(model(x, training=False))
     result.update(step=int(trainer_for(model, strategy).global_step.numpy()), eval=logs,
                   local_accuracy=float(np.mean(p.argmax(-1) == y)),

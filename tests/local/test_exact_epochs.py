@@ -174,7 +174,7 @@ for kind, n, batch in cases:
     val = val_args[0] if len(val_args) == 1 else val_args
     hist = keras_distrib.fit(model, *args, epochs=EPOCHS, validation_data=val, validation_batch_size=val_kw.get("batch_size"),
                              verbose=0, strategy=strategy, **kw)
-    ev = keras_distrib.evaluate(model, *args, strategy=strategy, **kw)
+    ev = keras_distrib.evaluate(model, *args, strategy=strategy, return_dict=True, **kw)
     results.append({"kind": kind, "n": n, "batch": batch, "history": hist.history, "eval": ev})
 print(json.dumps({"results": results}), flush=True)
 '''

@@ -1,0 +1,67 @@
+"""The all-reduce rule for a model's own train_step/test_step: every replica gets a real,
+non-empty batch at every step (no padding), or the input is refused with a HINT."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from keras_distrib import data as kd_data
+from keras_distrib.trainers._common import TrainerError
+from keras_distrib.trainers.allreduce import equal_batches, own_step_batches
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class FakeSource:
+    num_examples: int | None
+    batched: bool = False
+
+
+@pytest.mark.parametrize("n,batches,batch", [(21, 3, 10), (20, 3, 10), (5, 5, 4), (7, 2, 4), (100, 7, 16)])
+def test_equal_batches_cover_every_example_in_non_empty_batches(n: int, batches: int, batch: int) -> None:
+    sizes = equal_batches(n, batches, batch)
+    assert len(sizes) == batches and sum(sizes) == n
+    assert all(1 <= s <= batch for s in sizes)
+    assert sizes == sorted(sizes, reverse=True)  # full batches first
+
+
+@pytest.mark.parametrize("n", [41, 203, 1001, 12, 9])
+@pytest.mark.parametrize("pipelines,replicas", [(2, 2), (3, 3), (1, 2), (2, 4)])
+@pytest.mark.parametrize("per_replica", [1, 4, 10, 16])
+def test_every_pipeline_yields_the_same_real_batches_or_refuses(n: int, pipelines: int, replicas: int,
+                                                              per_replica: int) -> None:
+    source = FakeSource(n)
+    shards = kd_data.shard_sizes(n, pipelines)
+    local = replicas // pipelines
+    try:
+        steps, sizes = own_step_batches(source, pipelines=pipelines, replicas=replicas, per_replica=per_replica,
+                                        repeat=False, method="train_step")
+    except TrainerError as exc:
+        assert "HINT: pass steps_per_epoch=" in str(exc) and "train_step" in str(exc)
+        need = max(math.ceil(math.ceil(s / per_replica) / local) for s in shards) * local
+        assert min(shards) < need  # refused only where the rule cannot hold
+        return
+    assert sizes is not None and len(sizes) == pipelines
+    for shard, batch_sizes in zip(shards, sizes):
+        assert sum(batch_sizes) == shard and len(batch_sizes) == steps * local
+        assert all(1 <= s <= per_replica for s in batch_sizes)
+    # As many steps as the default (padded) step would run: the longest shard decides.
+    assert steps == max(math.ceil(math.ceil(s / per_replica) / local) for s in shards)
+
+
+def test_batched_inputs_need_a_divisible_number_of_batches() -> None:
+    assert own_step_batches(FakeSource(12, batched=True), pipelines=3, replicas=3, per_replica=None,
+                            repeat=False, method="test_step") == (4, None)
+    with pytest.raises(TrainerError, match="13 batches over 3 worker"):
+        own_step_batches(FakeSource(13, batched=True), pipelines=3, replicas=3, per_replica=None,
+                         repeat=False, method="test_step")
+    with pytest.raises(TrainerError, match="unknown"):
+        own_step_batches(FakeSource(None, batched=True), pipelines=2, replicas=2, per_replica=None,
+                         repeat=False, method="test_step")
+    # steps_per_epoch (repeat): every shard repeats, nothing to shape.
+    assert own_step_batches(FakeSource(None), pipelines=2, replicas=2, per_replica=4, repeat=True,
+                            method="train_step") == (None, None)
