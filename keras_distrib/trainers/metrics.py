@@ -82,6 +82,23 @@ class MetricSet:
         return {k: float(np.asarray(v)) for k, v in res.items()}
 
 
+def pythonify_logs(logs: Any) -> dict[str, Any]:
+    """A step's returned logs as callbacks get them in Keras (``pythonify_logs``): nested
+    dicts flattened (``{"compile_metrics": {"mae": ..}}`` -> ``{"mae": ..}``), scalars as floats."""
+    import numpy as np
+
+    if not isinstance(logs, dict):
+        logs = {"output": logs}
+    out: dict[str, Any] = {}
+    for key, value in sorted(logs.items()):
+        if isinstance(value, dict):
+            out.update(pythonify_logs(value))
+        else:
+            a = np.asarray(value)
+            out[key] = float(a) if a.ndim == 0 and a.dtype.kind in "fiub" else a
+    return out
+
+
 @dataclass
 class Totals:
     """Sums over executed steps, accumulated in NumPy (chief / every all-reduce worker)."""
@@ -112,8 +129,6 @@ class Totals:
 
     def logs(self, metrics: MetricSet, prefix: str = "") -> dict[str, float]:
         if self.last is not None:  # the model's own step: its last logs, as Keras reports them
-            from .steps import pythonify_logs
-
             return {prefix + k: v for k, v in pythonify_logs(self.last).items()}
         logs = {"loss": self.loss_sum / self.count if self.count else float("nan")}
         logs.update(metrics.results(self.state))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ._common import TrainerError
+from .metrics import all_finite, pythonify_logs
 
 #: Steps run inside one scheduled/compiled function when neither ``keras_distrib.fit``
 #: nor ``model.compile(steps_per_execution=...)`` says (measurement: ps_async docstring).
@@ -167,8 +168,6 @@ def logs_finite(logs: Any) -> Any:
     """True if every floating value the step returned is finite (traced)."""
     import tensorflow as tf
 
-    from .metrics import all_finite
-
     return all_finite([tf.convert_to_tensor(t) for t in tf.nest.flatten(logs)])
 
 
@@ -176,23 +175,6 @@ def step_data(x: Any) -> Any:
     """The ``data`` Keras' ``predict`` passes to ``predict_step`` for an input batch ``x``
     (``x`` itself; a tuple/list of inputs wrapped as ``(x,)``, Keras' own packing)."""
     return (x,) if isinstance(x, (list, tuple)) else x
-
-
-def pythonify_logs(logs: Any) -> dict[str, Any]:
-    """A step's returned logs as callbacks get them in Keras (``pythonify_logs``): nested
-    dicts flattened (``{"compile_metrics": {"mae": ..}}`` -> ``{"mae": ..}``), scalars as floats."""
-    import numpy as np
-
-    if not isinstance(logs, dict):
-        logs = {"output": logs}
-    out: dict[str, Any] = {}
-    for key, value in sorted(logs.items()):
-        if isinstance(value, dict):
-            out.update(pythonify_logs(value))
-        else:
-            a = np.asarray(value)
-            out[key] = float(a) if a.ndim == 0 and a.dtype.kind in "fiub" else a
-    return out
 
 
 def epoch_logs(model: Any, last: Any) -> dict[str, Any]:
