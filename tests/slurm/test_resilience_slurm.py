@@ -106,9 +106,9 @@ def test_killed_worker_on_another_node_is_restarted(slurm_cluster: SlurmTestClus
 def test_time_limit_warning_checkpoints_requeues_and_resumes(slurm_cluster: SlurmTestCluster, work: Path) -> None:
     out, ck = work / "requeue.out", work / "requeue-ck"
     job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N3", "--cpus-per-task=2", "-o", str(out), "--open-mode=append"],
-                          ["--checkpoint-every", "epoch", "fit.py", str(ck), "6", "200"], work)
+                          ["--checkpoint-every", "epoch", "fit.py", str(ck), "3", "200"], work)
     try:
-        assert wait_for_text(out, "Epoch 1/6", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
+        assert wait_for_text(out, "Epoch 1/3", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
         slurm_cluster.head(["scancel", "--signal=USR1", "--batch", str(job)], check=True, timeout=30)
         assert wait_for_text(out, "requeued job", 120), out.read_text(errors="replace")[-4000:]
         result = wait_through_requeue(slurm_cluster, job)
@@ -121,7 +121,7 @@ def test_time_limit_warning_checkpoints_requeues_and_resumes(slurm_cluster: Slur
     step = int(saved[0].split("at step ")[1].split()[0])
     assert f"(scontrol requeue {job})" in text
     assert f"resuming from {ck}/ckpt-{step:012d}" in text
-    assert result_of(text)["step"] == 6 * 200
+    assert result_of(text)["step"] == 3 * 200
     assert_nothing_left(slurm_cluster, job)
 
 
