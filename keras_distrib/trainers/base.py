@@ -308,6 +308,8 @@ class Trainer:
         try:
             initial_epoch, done_in_epoch = self._resume(keeper, target, initial_epoch, epochs)
             restored = keeper.checkpointer.restored if keeper is not None else None
+            if restored is not None and self.is_chief:  # a resume: CSVLogger files continue, not restart
+                cb_utils.continue_csv_logs(callbacks, initial_epoch)
             cbs = cb_utils.callback_list(callbacks, self.model, epochs=epochs, steps=target,
                                          verbose=verbose, show=self.is_chief)
             with preemption_signals(enabled=keeper is not None):

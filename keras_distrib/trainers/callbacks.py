@@ -106,3 +106,67 @@ def restore_callback_state(callbacks: Sequence[Any], saved: Any) -> None:
             if attr in entry:
                 value = entry[attr]
                 setattr(cb, attr, int(value) if attr != "best" and value is not None else value)
+
+
+def continue_csv_logs(callbacks: Sequence[Any], first_epoch: int) -> list[str]:
+    """On a resume, make every ``CSVLogger`` continue its file instead of emptying it.
+
+    Keras' CSVLogger opens its file with mode ``w`` in ``on_train_begin`` unless
+    ``append=True``, so a resumed (or finished and rerun) job lost the rows of every epoch
+    before the checkpoint. Here each file keeps its header and the rows of the epochs
+    before ``first_epoch`` (rows written after the checkpoint, by a run that died before
+    its next one, are dropped: those epochs run again), and the callback appends for this
+    one ``fit``. Returns the files continued.
+    """
+    import keras
+
+    continued = []
+    for cb in callbacks:
+        if not isinstance(cb, keras.callbacks.CSVLogger):
+            continue
+        _keep_rows_before(str(cb.filename), cb.sep, first_epoch)
+        _append_once(cb)
+        continued.append(str(cb.filename))
+    return continued
+
+
+def _keep_rows_before(path: str, separator: str, first_epoch: int) -> None:
+    import csv
+
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.reader(fh, delimiter=separator))
+    except FileNotFoundError:
+        return
+    if not rows or not rows[0] or rows[0][0] != "epoch":
+        return  # not a CSVLogger file (or empty): appended to as it is
+
+    def before(row: list[str]) -> bool:
+        try:
+            return int(row[0]) < first_epoch
+        except (IndexError, ValueError):
+            return False
+
+    kept = [rows[0]] + [row for row in rows[1:] if before(row)]
+    if len(kept) == len(rows):
+        return
+    tmp = f"{path}.keras_distrib.tmp"
+    with open(tmp, "w", newline="") as fh:
+        csv.writer(fh, delimiter=separator, lineterminator="\r\n").writerows(kept)
+    os.replace(tmp, path)
+
+
+def _append_once(cb: Any) -> None:
+    """``cb.append = True`` for the next ``on_train_begin`` only (a later fit keeps the user's choice)."""
+    user_choice = cb.append
+    begin = cb.on_train_begin
+    cb.append = True
+
+    def on_train_begin(logs: Any = None) -> None:
+        try:
+            begin(logs)
+        finally:
+            cb.append = user_choice
+            del cb.on_train_begin
+
+    cb.on_train_begin = on_train_begin

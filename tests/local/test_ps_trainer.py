@@ -636,3 +636,35 @@ def test_resume_keeps_the_callbacks_best_values(strategy: Any, digits: Any, tmp_
     err = capsys.readouterr().err
     assert re.search(r"keras_distrib: epoch 3/3: [\d.]+ s, [\d.]+ steps/s \(worker 0: [\d.]+, worker 1: [\d.]+ steps/s\)", err), err
     assert "keras_distrib: fit finished: trained epoch 3 (14 steps) in " in err and f"checkpoints in {ckpt}." in err, err
+
+
+def test_csv_logger_continues_across_reruns_in_the_same_directory(strategy: Any, digits: Any, tmp_path: Path) -> None:
+    """A rerun that resumes appends to CSVLogger's file (one header, one row per epoch), a
+    rerun with nothing left keeps it, and a fit without a checkpoint starts it over (Keras)."""
+    import keras
+
+    import keras_distrib
+
+    x_train, _, y_train, _ = digits
+    x, y = x_train[:300], y_train[:300]
+    log, ckpt = tmp_path / "log.csv", str(tmp_path / "ckpt")
+
+    def run(epochs: int, checkpoint_dir: str | None = ckpt) -> None:
+        keras_distrib.fit(build(strategy), (x, y), epochs=epochs, batch_size=32, verbose=0, strategy=strategy,
+                          callbacks=[keras.callbacks.CSVLogger(str(log))], checkpoint_dir=checkpoint_dir)
+
+    def epochs_logged() -> list[str]:
+        with open(log, newline="") as fh:
+            rows = list(csv.reader(fh))
+        assert rows[0][:2] == ["epoch", "accuracy"], rows
+        return [row[0] for row in rows[1:]]
+
+    run(2)
+    assert epochs_logged() == ["0", "1"]
+    run(3)  # the rerun resumes at epoch 2: it appends
+    assert epochs_logged() == ["0", "1", "2"]
+    before = log.read_bytes()
+    run(3)  # nothing left to train: the file stays as it is
+    assert log.read_bytes() == before
+    run(1, checkpoint_dir=None)  # no resume: Keras' rule, a new file
+    assert epochs_logged() == ["0"]

@@ -80,3 +80,32 @@ def test_an_unfinished_fit_says_where_a_rerun_resumes() -> None:
     assert summary_line(stats, 1, "interrupted", "ckpt", None).endswith("checkpoints in ckpt, none written yet: a rerun starts over.")
     # A finished fit needs no such note.
     assert summary_line(stats, 1, "finished", "ckpt", newest).endswith("checkpoints in ckpt.")
+
+
+def test_csv_logger_continues_its_file_on_a_resume(tmp_path: Path) -> None:
+    """Rows before the resumed epoch are kept (rows of epochs that run again are dropped),
+    the logger appends for that fit only, and a file that is not a CSVLogger's is left alone."""
+    import keras
+
+    from keras_distrib.trainers.callbacks import continue_csv_logs
+
+    log = tmp_path / "log.csv"
+    log.write_bytes(b'epoch,loss,val_loss\r\n0,1.5,"1,6"\r\n1,1.25,1.3\r\n2,1.0,1.1\r\n')  # epoch 2 ran after the checkpoint
+    cb = keras.callbacks.CSVLogger(str(log))
+    assert continue_csv_logs([keras.callbacks.History(), cb], first_epoch=2) == [str(log)]
+    assert log.read_bytes() == b'epoch,loss,val_loss\r\n0,1.5,"1,6"\r\n1,1.25,1.3\r\n'
+    cb.on_train_begin()
+    cb.on_epoch_end(2, {"loss": 0.75, "val_loss": 0.8})
+    cb.on_train_end()
+    assert log.read_text().splitlines() == ["epoch,loss,val_loss", '0,1.5,"1,6"', "1,1.25,1.3", "2,0.75,0.8"]
+    assert cb.append is False  # the user's choice again for a later fit
+    cb.on_train_begin()  # a later fit without a resume starts the file over, as in Keras
+    cb.on_train_end()
+    assert log.read_text() == ""
+
+    other = tmp_path / "other.csv"
+    other.write_text("a;b\n1;2\n")
+    continue_csv_logs([keras.callbacks.CSVLogger(str(other), separator=";")], first_epoch=0)
+    assert other.read_text() == "a;b\n1;2\n"
+    continue_csv_logs([keras.callbacks.CSVLogger(str(tmp_path / "missing.csv"))], first_epoch=3)
+    assert not (tmp_path / "missing.csv").exists()
