@@ -223,6 +223,11 @@ def run() -> dict:
     out["first"] = {"history": history(h), "calls": int(model.train_calls.numpy()),
                     "iterations": int(model.optimizer.iterations.numpy())}
 
+    with strategy.scope():  # steps_per_epoch: repeated shards, exactly that many of the user's steps
+        model = make(FirstExample)
+    h = keras_distrib.fit(model, X, Y, epochs=2, steps_per_epoch=5, batch_size=16, verbose=0)
+    out["first_steps_per_epoch"] = {"calls": int(model.train_calls.numpy()), "epochs": len(h.history["loss"])}
+
     with strategy.scope():
         model = make(LowerLevel, loss=None, metrics=None)
     out["lower"] = {"history": history(keras_distrib.fit(model, X, Y, **fit))}

@@ -77,6 +77,8 @@ def check(result: dict[str, Any], ref: dict[str, Any], layout: str, workers: int
         assert abs(first["history"][key][-1] - ref["first"]["history"][key][-1]) < tol, (key, first, ref["first"])
     assert first["history"]["loss"][-1] < first["history"]["loss"][0] / 10  # it trained
 
+    assert result["first_steps_per_epoch"] == {"calls": 10, "epochs": 2}
+
     lower = result["lower"]["history"]  # own trackers, no compiled loss, +100 in the reported loss
     assert all(v >= 100.0 for v in lower["loss"]), lower
     assert abs(lower["loss"][-1] - ref["lower"]["history"]["loss"][-1]) < 0.01
