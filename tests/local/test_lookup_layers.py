@@ -105,7 +105,7 @@ for kind, tok in inputs.items():
     model = placement.build(make(kind), strategy)
     hist = keras_distrib.fit(model, (x, label), epochs=4, batch_size=16, validation_data=(x, label),
                              verbose=0, strategy=strategy)
-    ev = keras_distrib.evaluate(model, (x, label), batch_size=16, strategy=strategy)
+    ev = keras_distrib.evaluate(model, (x, label), batch_size=16, strategy=strategy, return_dict=True)
     pred = np.asarray(keras_distrib.predict(model, x, batch_size=16, strategy=strategy))
     here = np.asarray(model({"tok": tf.constant(tok), "num": tf.constant(number)}, training=False))
     path = os.path.join(out, f"{kind}-{json.loads(os.environ['TF_CONFIG'])['task']['index']}.keras")
