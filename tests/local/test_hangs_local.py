@@ -112,16 +112,21 @@ def test_a_frozen_ps_without_restarts_fails_the_job_naming_it(tmp_path: Path, ma
     (tmp_path / "counting.py").write_text(COUNTING)
     job = HungJob(["--nodes", "2", "--port-base", "26300", "--max-restarts", str(max_restarts), "--hang-timeout", "5",
                    "counting.py"], tmp_path)
+    stop_and_expect_one_error(job, "ps:1", r"ps:1 on local1 made no progress for \d+ s \(state: stopped\); its "
+                                          r"Python stacks: \S+ps-1\.stacks\.txt.*HINT:")
+
+
+def stop_and_expect_one_error(job: "HungJob", name: str, pattern: str) -> None:
+    """Freeze ``name``; the job must fail with one error line matching ``pattern`` and leave nothing running."""
     try:
-        pid = job.stop("ps:1")
+        pid = job.stop(name)
         code = job.wait(timeout=NAMED_WITHIN)
     finally:
         if job.proc.poll() is None:
             job.proc.kill()
     assert code == 1, job.text()[-3000:]
     errors = [line for line in job.lines if "error:" in line]
-    assert len(errors) == 1 and re.search(r"ps:1 on local1 made no progress for \d+ s \(state: stopped\); its Python "
-                                          r"stacks: \S+ps-1\.stacks\.txt.*HINT:", errors[0]), job.text()[-3000:]
+    assert len(errors) == 1 and re.search(pattern, errors[0]), job.text()[-3000:]
     assert not alive(sorted(job.seen | {pid}))
 
 
@@ -144,13 +149,8 @@ def test_a_frozen_jax_process_is_named(tmp_path: Path) -> None:
                    str(REPO / "examples" / "digits_jax.py"), "--epochs", "500", "--verbose", "2"], tmp_path)
     try:
         assert wait_for(lambda: job.count("Epoch 2/500") >= 1, 600), job.text()[-3000:]
-        pid = job.stop("worker:1")
-        code = job.wait(timeout=NAMED_WITHIN)
-    finally:
-        if job.proc.poll() is None:
-            job.proc.kill()
-    assert code == 1, job.text()[-3000:]
-    errors = [line for line in job.lines if "error:" in line]
-    assert len(errors) == 1 and re.search(r"worker:1 on local1 made no progress for \d+ s \(state: stopped\); its "
-                                          r"Python stacks: \S+worker-1\.stacks\.txt", errors[0]), job.text()[-3000:]
-    assert not alive(sorted(job.seen | {pid}))
+    except BaseException:
+        job.proc.kill()
+        raise
+    stop_and_expect_one_error(job, "worker:1", r"worker:1 on local1 made no progress for \d+ s \(state: stopped\); "
+                                               r"its Python stacks: \S+worker-1\.stacks\.txt")
