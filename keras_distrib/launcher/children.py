@@ -60,6 +60,10 @@ _NOISE = re.compile(
 # cuInit's error is expected noise only in a process the plan gives no GPU.
 _NO_GPU_NOISE = re.compile(rb"^E\d{4} \d\d:\d\d:[\d.]+ +\d+ cuda_\w+\.cc:\d+\] failed call to cuInit")
 _TRACEBACK_START = b"Traceback (most recent call last):"
+# One of our own errors that explains itself (a user mistake, ending in a HINT): its frames
+# say nothing to the user, so the console shows the error line alone (the process's log file
+# keeps the whole traceback).
+_OWN_HINTED_ERROR = re.compile(rb"^keras_distrib\.[\w.]+: .*HINT:")
 TAIL_LINES = 30
 
 
@@ -69,7 +73,9 @@ class OutputFilter:
 
     * ``banners``: show TensorFlow's start-up banners (``--verbose``); hidden otherwise;
     * ``quiet``: show nothing, but keep the last lines for when the process fails;
-    * a traceback that ends in ``KeyboardInterrupt`` (Ctrl-C) becomes one line.
+    * a traceback that ends in ``KeyboardInterrupt`` (Ctrl-C) becomes one line;
+    * a traceback that ends in one of keras_distrib's own errors with a HINT (a user
+      mistake) is shown as that error line alone.
     """
 
     banners: bool = False
@@ -93,6 +99,8 @@ class OutputFilter:
             held, self._traceback = self._traceback, []
             if line.startswith(b"KeyboardInterrupt"):
                 return [] if self.quiet else [b"interrupted (KeyboardInterrupt)\n"]
+            if _OWN_HINTED_ERROR.match(line):
+                return [] if self.quiet else [line]
             return [] if self.quiet else held
         return [] if self.quiet else [line]
 

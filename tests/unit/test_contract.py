@@ -128,6 +128,17 @@ def test_ctrl_c_traceback_becomes_one_line_other_tracebacks_stay() -> None:
     assert shown(OutputFilter(), blank) == [b"interrupted (KeyboardInterrupt)\n"]
 
 
+def test_our_own_hinted_error_is_shown_as_its_line_alone() -> None:
+    frames = [b"Traceback (most recent call last):\n", b'  File "train.py", line 9, in <module>\n',
+              b"    keras_distrib.fit(model, gen, epochs=2)\n"]
+    mistake = b"keras_distrib.data.base.InputError: x: a Python generator cannot be sharded. HINT: use a PyDataset.\n"
+    assert shown(OutputFilter(), [b"a\n", *frames, mistake, b"b\n"]) == [b"a\n", mistake, b"b\n"]
+    assert shown(OutputFilter(quiet=True), [*frames, mistake]) == []
+    # Without a HINT (a bug of ours, or a chained error) the traceback stays whole.
+    bug = b"keras_distrib.trainers._common.TrainerError: unexpected state\n"
+    assert shown(OutputFilter(), [*frames, bug]) == [*frames, bug]
+
+
 def test_quiet_child_shows_nothing_but_keeps_its_tail() -> None:
     output = OutputFilter(quiet=True)
     assert shown(output, [f"line {i}\n".encode() for i in range(100)]) == []
