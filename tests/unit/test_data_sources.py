@@ -170,6 +170,7 @@ def _fit_until_input(monkeypatch: pytest.MonkeyPatch, *args: Any, **kwargs: Any)
             pass
 
     trainer = object.__new__(Fake)
+    trainer.custom_steps = frozenset()  # a plain Keras model: no step of its own
     with pytest.raises(_Stop):
         trainer.fit(*args, verbose=0, **kwargs)
     return seen, calls["n"]
