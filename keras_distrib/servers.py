@@ -13,7 +13,8 @@ import threading
 from . import contract
 from .logs import configure_script
 
-logger = logging.getLogger(__name__)
+# Named, not __name__: run as `python -m`, __name__ is "__main__", outside our logger tree.
+logger = logging.getLogger("keras_distrib.servers")
 
 #: After SIGTERM (preemption, scancel) a server keeps serving this long, so the chief can
 #: write its checkpoint first (variables live on the ps); its agent kills it when done.

@@ -102,3 +102,16 @@ def test_no_module_prints_outside_the_product_output() -> None:
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
                 found.append(f"{name}:{node.lineno}")
     assert not found, "use a module logger (logging.getLogger(__name__)): " + ", ".join(found)
+
+
+def test_modules_run_with_dash_m_log_under_our_logger() -> None:
+    """Run as ``python -m``, a module's ``__name__`` is ``__main__``: ``getLogger(__name__)``
+    there is outside the ``keras_distrib`` tree, and its INFO lines vanish (the servers'
+    "serving ps:0 at ..." line did)."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if '__name__ == "__main__"' in text and "getLogger(__name__)" in text:
+            offenders.append(str(path.relative_to(PACKAGE)))
+    assert offenders == []
+
