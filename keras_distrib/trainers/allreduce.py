@@ -300,7 +300,7 @@ class AllReduceTrainer(Trainer):
         def local_count(mask: Any) -> Any:
             return tf.reduce_sum(mask)
 
-        @tf.function
+        @step_contract.compiled
         def run_chunk(iterator: Any, num_steps: Any) -> dict[str, Any]:
             start = zeros_totals(metrics)
             # Per replica (a node's GPUs are replicas of one worker): the loop carries the
@@ -351,7 +351,7 @@ class AllReduceTrainer(Trainer):
         def local_count(data: Any) -> Any:
             return tf.cast(batch_size_of(unpack(data)[0]), tf.float32)
 
-        @tf.function
+        @step_contract.compiled
         def run_chunk(iterator: Any, num_steps: Any, logs: Any) -> dict[str, Any]:
             count, steps, finite = tf.constant(0.0), tf.constant(0, tf.int64), tf.constant(True)
             for _ in tf.range(num_steps):
@@ -402,7 +402,7 @@ class AllReduceTrainer(Trainer):
                 first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
                 return [tf.convert_to_tensor(v) * tf.cast(first, v.dtype) for v in state]
 
-            @tf.function
+            @step_contract.compiled
             def share() -> None:
                 for v, value in zip(state, _sum_over_workers(self.strategy, self.strategy.run(replica_values))):
                     v.assign(value)
@@ -415,7 +415,7 @@ class AllReduceTrainer(Trainer):
         import tensorflow as tf
 
         if self._agree_fn is None:
-            @tf.function
+            @step_contract.compiled
             def agree(value: Any) -> Any:
                 # Every local replica contributes the flag: a sum > 0 still means "any".
                 return self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(tf.identity, args=(value,)), axis=None)
@@ -464,7 +464,7 @@ class AllReduceTrainer(Trainer):
         ds = kd_data.pipeline(source, index, count, batch_size=per_replica, shuffle=False, seed=None, repeat=False)
         call = self._predict_call()
         spec = ordered.output_spec(self.model, ds.element_spec, call)
-        predict_batch = tf.function(call, reduce_retracing=True)
+        predict_batch = step_contract.compiled(call, retrace_less=True)
         keys, preds = ordered.empty_rows(spec)
         local = [(keys, preds)]
         for batches, (batch_keys, x) in enumerate(ds, start=1):
@@ -503,7 +503,7 @@ class AllReduceTrainer(Trainer):
         if getattr(self, "_sum", None) is None:
             # Traced per shape (static shapes pack into one buffer); every worker traces alike.
             local = max(1, self.strategy.num_replicas_in_sync // self._input_pipelines()[1])
-            self._sum = tf.function(lambda nest: _sum_over_workers(self.strategy, nest, local_replicas=local))
+            self._sum = step_contract.compiled(lambda nest: _sum_over_workers(self.strategy, nest, local_replicas=local))
         return self._sum
 
     def _run(self, inp: EpochInput, epoch: int, *, training: bool, steps: int | None, hooks: ChunkHooks) -> Totals:

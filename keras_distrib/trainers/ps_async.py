@@ -437,7 +437,7 @@ class ParameterServerTrainer(Trainer):
                         result = tf.identity(result)
             return result if user_step is None else {"vector": result, "logs": logs}
 
-        @tf.function
+        @step_contract.compiled
         def run_chunk(iterator: Any, shard_ids: Any, num_steps: int, endless: bool = False) -> Any:
             # num_steps is a Python int (K, or a remainder): a constant in the graph
             # instead of a chief tensor sent with every closure (at most two traces).
@@ -597,7 +597,7 @@ class ParameterServerTrainer(Trainer):
 
             return tf.cond(optional.has_value(), run, lambda: (keys, preds, batches, tf.constant(True)))
 
-        @tf.function
+        @step_contract.compiled
         def predict_chunk(iterator: Any, shard_ids: Any, num_steps: int) -> Any:
             shard = next(shard_ids)
             keys, preds = ordered.empty_rows(spec)

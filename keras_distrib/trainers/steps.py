@@ -81,19 +81,34 @@ def check_compile_knobs(model: Any) -> None:
         )
 
 
+def compiled(fn: Callable[..., Any], *, convert: bool = True, retrace_less: bool = False) -> Any:
+    """Every function a trainer runs in a graph goes through here, as Keras' backend trainer
+    compiles its ``multi_step_on_iterator``: the chunk of K steps, the predict chunk, the
+    user's own step (`compiled_step`) and the small collective helpers.
+
+    ``convert``: AutoGraph on (our chunk loops use ``tf.range``/``tf.cond``); off for the
+    user's step, traced as the Python it is (Keras' ``do_not_convert``). ``retrace_less``:
+    ``reduce_retracing`` for functions called with varying shapes (predict batches, the
+    user's step). Never ``jit_compile``: XLA cannot compile the ps trainers' remote reads
+    (`check_compile_knobs` refuses it with a HINT).
+    """
+    import tensorflow as tf
+
+    if not convert:
+        fn = tf.autograph.experimental.do_not_convert(fn)
+    return tf.function(fn, reduce_retracing=retrace_less)
+
+
 def compiled_step(step: Callable[[Any], Any], strategy: Any, reduce: Callable[[Any], Any] | None = None) -> Any:
     """``data -> reduce(strategy.run(step, data))`` as a tf.function, as Keras compiles its
     ``one_step_on_data``: traced once (the user's Python runs at trace time, as in Keras)
     and called from the trainers' chunk functions. Not converted by AutoGraph, as in Keras
     (its ``do_not_convert``): the user's step is traced as the Python it is."""
-    import tensorflow as tf
-
-    @tf.autograph.experimental.do_not_convert
     def one_step(data: Any) -> Any:
         out = strategy.run(step, args=(data,))
         return out if reduce is None else reduce(out)
 
-    return tf.function(one_step, reduce_retracing=True)
+    return compiled(one_step, convert=False, retrace_less=True)
 
 
 def mean_over_replicas(strategy: Any, values: Any) -> Any:
