@@ -33,6 +33,24 @@ def start_local(args: list[str], cwd: Path, **extra_env: str) -> subprocess.Pope
     )
 
 
+def run_in_session(argv: list[str], timeout: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True)`` in a session of its own: on a
+    timeout the whole process group is killed (a bench program's training job with it), not
+    only ``argv[0]``, so nothing is left running for the next test."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)  # type: ignore[call-overload]
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        raise AssertionError(f"{argv} timed out after {timeout:g} s:\n{out[-3000:]}\n{err[-3000:]}") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def meaningful(output: str) -> list[str]:
     """Output lines without TensorFlow's start-up chatter."""
     return [line for line in output.splitlines() if line and not NOISE.match(line)]

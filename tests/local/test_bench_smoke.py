@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher_utils import run_in_session
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 # report.py formats the others' results rather than measuring, and accuracy_parity.py is a
@@ -49,9 +51,8 @@ def bench_env() -> dict[str, str]:
 def test_smoke(program: str, tmp_path: Path) -> None:
     model, row = SMOKE_MODELS.get(program, (None, None))
     extra = ["--models", model] if model else []
-    proc = subprocess.run([sys.executable, str(BENCH / f"{program}.py"), "--smoke", "--out", str(tmp_path), *extra],
-                          cwd=REPO if model else tmp_path, env=bench_env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = run_in_session([sys.executable, str(BENCH / f"{program}.py"), "--smoke", "--out", str(tmp_path), *extra],
+                          300, cwd=REPO if model else tmp_path, env=bench_env())
     assert proc.returncode == 0, f"{program} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert "A/B median" in proc.stdout, proc.stdout  # the printed table
 
@@ -83,10 +84,10 @@ def test_report_formats_measured_results(tmp_path: Path) -> None:
 def test_accuracy_parity_runs_as_a_job_script(tmp_path: Path) -> None:
     """The smallest accuracy-parity run: one model class with two named inputs, one epoch, one
     seed; also in the opt-in ps_stale_reads and ps_local_steps modes (dict inputs through their steps)."""
-    proc = subprocess.run([sys.executable, "-m", "keras_distrib.local", "--nodes", "2", str(BENCH / "accuracy_parity.py"),
+    proc = run_in_session([sys.executable, "-m", "keras_distrib.local", "--nodes", "2", str(BENCH / "accuracy_parity.py"),
                            "--models", "two_inputs", "--epochs", "1", "--seeds", "1", "--ps-stale-reads",
                            "--ps-local-steps"],
-                          cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=600)
+                          600, cwd=tmp_path, env=bench_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '] {"model"' in line]
     assert [r["model"] for r in rows] == ["two_inputs"], proc.stdout[-3000:]
@@ -97,9 +98,9 @@ def test_accuracy_parity_runs_as_a_job_script(tmp_path: Path) -> None:
 def test_accuracy_parity_embedding_allreduce_three_workers(tmp_path: Path) -> None:
     """Sparse (embedding) gradients in all-reduce over 3 workers: TensorFlow's IndexedSlices
     all-gather failed with "Shape mismatch in the collective instance"; they go dense now."""
-    proc = subprocess.run([sys.executable, "-m", "keras_distrib.local", "--nodes", "3", "--layout", "allreduce",
+    proc = run_in_session([sys.executable, "-m", "keras_distrib.local", "--nodes", "3", "--layout", "allreduce",
                            str(BENCH / "accuracy_parity.py"), "--models", "embedding", "--epochs", "1", "--seeds", "1"],
-                          cwd=tmp_path, env=bench_env(), capture_output=True, text=True, timeout=600)
+                          600, cwd=tmp_path, env=bench_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '] {"model"' in line]
     assert [(r["model"], r["workers"]) for r in rows] == [("embedding", 3)], proc.stdout[-3000:]
