@@ -27,6 +27,12 @@ logger = logging.getLogger(__name__)
 #: Batches read up front to learn the element spec (Keras reads 2 too).
 SPEC_BATCHES = 2
 
+# Keras' enqueuer keeps its datasets in one process-wide table; two enqueued shards read at
+# once in one process (the ps layouts: the chief serves every worker's shard) mixed their
+# batches (CI: an epoch's id sum wrong, or a batch missing). One enqueued stream at a time;
+# any other reads its batches in order on the calling thread.
+_ENQUEUER = threading.Lock()
+
 
 def is_py_dataset(data: Any) -> bool:
     """True for a ``keras.utils.PyDataset`` (without importing Keras when it is not loaded)."""
@@ -152,12 +158,17 @@ class PyDatasetSource(BaseSource):
             if shuffle:
                 np.random.default_rng([seed % 2**32, epoch % 2**32, passes]).shuffle(indices)
             view = _Shard(self.py_dataset, indices, len(indices))
-        if self.py_dataset.workers > 1:
-            stream = private.enqueued_batches(view, view.count)
-        else:
-            stream = (view[j] for j in (range(view.count) if view.count is not None else itertools.count()))
-        for batch in stream:
-            yield standardize(batch)
+        enqueued = self.py_dataset.workers > 1 and _ENQUEUER.acquire(blocking=False)
+        try:
+            if enqueued:
+                stream = private.enqueued_batches(view, view.count)
+            else:
+                stream = (view[j] for j in (range(view.count) if view.count is not None else itertools.count()))
+            for batch in stream:
+                yield standardize(batch)
+        finally:
+            if enqueued:
+                _ENQUEUER.release()
 
     def on_epoch_begin(self, epoch: int) -> None:
         self.py_dataset.on_epoch_begin()
