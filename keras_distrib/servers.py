@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+import time
 
 from . import contract
 from .logs import configure_script
@@ -45,7 +46,11 @@ def main() -> None:
     gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
     address = cluster[job][index]
     logger.info(f"serving {job}:{index} at {address} over {protocol}; GPUs visible: {gpus or 'none'}")
-    server.join()
+    # Not server.join() (nor signal.pause()): the kernel may hand SIGTERM to one of
+    # TensorFlow's threads, and Python runs the handler only when the main thread is back in
+    # the interpreter, so the grace timer never started. A short sleep brings it back.
+    while server is not None:
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,42 @@
+"""A TensorFlow server under SIGTERM (preemption, scancel) keeps serving for its grace period,
+so the chief can write its checkpoint, then exits with 128 + SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher_utils import wait_for
+from trainer_cluster import REPO, make_cluster_spec, task_env
+
+pytestmark = pytest.mark.local
+
+GRACE = 3.0
+
+
+def test_sigterm_keeps_serving_for_the_grace_then_exits() -> None:
+    spec = make_cluster_spec(num_workers=1, num_ps=1)
+    code = f"import keras_distrib.servers as s; s.TERM_GRACE = {GRACE}; s.main()"
+    env = task_env(spec, "ps", 0, "ps-per-node")
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        # Lines until the server says it serves (EOF, if it dies, ends the loop).
+        assert any("serving ps:0" in line for line in proc.stderr), "the server did not say it serves"
+        host, port = spec["ps"][0].split(":")
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        time.sleep(GRACE / 3)
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass  # still serving inside the grace period
+        assert proc.poll() is None
+        assert wait_for(lambda: proc.poll() is not None, 60), "the server outlived its grace period"
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert time.monotonic() - sent >= GRACE - 0.5
+    finally:
+        proc.kill()
+        proc.wait()
