@@ -95,6 +95,7 @@ class RunResult:
     code: int
     reason: str | None = None
     restarts: int = 0
+    lost_node: str | None = None  # the node that was lost, when that ended the job
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ class Agent:
         timers: Timers | None = None,
         requeue: Callable[..., int] = requeue_job.requeue,
         environ: Mapping[str, str] = os.environ,
+        end_step: Callable[..., None] = requeue_job.end_step,
     ) -> None:
         self.spec = spec
         self.identity = identity
@@ -191,6 +193,7 @@ class Agent:
         )
         self.timers: Timers = timers or ThreadTimers(self.post)
         self.requeue = requeue
+        self.end_step = end_step
         self.environ = environ
         self.channel: Channel = SoloChannel()
         self.generation = Generation(0, spec.plan)
@@ -306,6 +309,8 @@ class Agent:
             self.channel.close()
             if self.spec.log_dir is not None and self.identity.leader:
                 self.log.info(f"the full output of every process is in {self.spec.log_dir}")
+            if self.result is not None and self.result.lost_node is not None:
+                self.end_step(self.plan.scheduler, self.environ, self.log.info)
             if kept is not None:
                 logging.getLogger(ROOT_LOGGER).removeHandler(kept)
                 kept.close()
@@ -464,6 +469,7 @@ class Agent:
         reason = f"lost the node {node}: its agent sent no heartbeat for {silent_for:.0f} s (node down or network cut)"
         if not self.spec.options.requeue:
             self.fail(reason, 1)
+            self.result = replace(self.result, lost_node=node)  # run() ends the step once all is stopped
             return
         self.log.error(f"{reason}; stopping the job and requeueing it, to resume from the last checkpoint.")
         code = self.requeue(self.plan.scheduler, self.environ, True, self.log.info)

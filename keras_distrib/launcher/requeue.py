@@ -1,8 +1,13 @@
-"""Requeue the batch job after SCRIPT checkpointed on a preemption or time-limit signal.
+"""What agent 0 asks of the scheduler when the job cannot go on.
 
-One command per scheduler (`scontrol requeue`, `qrerun`, `brequeue`); SGE requeues a job
-whose script exits with 99. When requeue is off or impossible, one line says why, and
-the exit code is `PREEMPTED_EXIT_CODE` (the checkpoint is written either way).
+* ``requeue``: requeue the batch job after SCRIPT checkpointed on a preemption or time-limit
+  signal, or after a node was lost with --requeue. One command per scheduler (`scontrol
+  requeue`, `qrerun`, `brequeue`); SGE requeues a job whose script exits with 99. When
+  requeue is off or impossible, one line says why, and the exit code is
+  `PREEMPTED_EXIT_CODE` (the checkpoint is written either way).
+* ``end_step``: a node was lost without --requeue. The launcher (srun, qrsh, mpirun, ...)
+  would wait for the task on the unreachable node until the scheduler gives the node up
+  (Slurm: SlurmdTimeout, 300 s by default), so the step is cancelled through the scheduler.
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ COMMANDS = {
 #: An SGE job script that exits with 99 is rescheduled by SGE itself.
 SGE_RESCHEDULE_EXIT = 99
 REQUEUE_TIMEOUT = 30.0
+#: scheduler -> (the variables naming what a lost node holds, the command that ends it).
+#: Slurm cancels only the step (a batch script's later commands still run); elsewhere the
+#: tasks belong to the job itself.
+END_STEP_COMMANDS = {
+    "slurm": (("SLURM_JOB_ID", "SLURM_STEP_ID"), ["scancel"]),
+    "sge": (("JOB_ID",), ["qdel"]),
+    "pbs": (("PBS_JOBID",), ["qdel"]),
+    "lsf": (("LSB_JOBID",), ["bkill"]),
+}
 
 
 def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, say: Callable[[str], None]) -> int:
@@ -56,3 +70,25 @@ def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, say: Call
         return PREEMPTED_EXIT_CODE
     say(f"requeued job {job_id} ({' '.join(argv)}); it resumes from the checkpoint when it starts again.")
     return 0
+
+
+def end_step(scheduler: str, environ: Mapping[str, str], say: Callable[[str], None]) -> None:
+    """Cancel the job step (Slurm) or job this agent runs in, so its launcher returns now."""
+    if scheduler not in END_STEP_COMMANDS:
+        return  # local mode: every agent is on this machine
+    variables, command = END_STEP_COMMANDS[scheduler]
+    if any(not environ.get(v) for v in variables):
+        missing = [v for v in variables if not environ.get(v)]
+        say(f"cannot end the step: {', '.join(missing)} not set; the scheduler ends it once it gives the node up.")
+        return
+    if shutil.which(command[0]) is None:
+        say(f"cannot end the step: {command[0]!r} is not on PATH; the scheduler ends it once it gives the node up.")
+        return
+    argv = [*command, ".".join(environ[v] for v in variables)]
+    say(f"ending the step ({' '.join(argv)}) so the launcher does not wait for the lost node.")
+    try:
+        # The command may signal this very process (it is one of the step's tasks): the
+        # caller has already stopped everything and reported the job's end.
+        subprocess.run(argv, capture_output=True, text=True, timeout=REQUEUE_TIMEOUT)
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        say(f"cannot end the step: {' '.join(argv)} failed ({exc}); the scheduler ends it once it gives the node up.")

@@ -158,3 +158,38 @@ def test_cut_link_names_the_node_requeues_and_resumes(slurm_cluster: SlurmTestCl
     assert f"resuming from {ck}/ckpt-" in text, text[-4000:]
     assert result_of(text)["step"] == 3 * 200
     assert_nothing_left(slurm_cluster, job, wait=60)
+
+
+def test_cut_link_without_requeue_ends_the_interactive_step(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    """Issue 24 §4: an interactive srun without --requeue. After n3's link is cut, the first
+    node's agent names n3, stops the job and cancels the step (scancel JOB.STEP), so srun
+    returns within a bounded time instead of waiting for Slurm to give n3 up (SlurmdTimeout,
+    300 s by default, which this cluster keeps)."""
+    out, ck = work / "cut-srun.out", work / "cut-srun-ck"
+    argv = ["srun", "-N3", "--ntasks-per-node=1", "--cpus-per-task=2", "python", "-m", "keras_distrib.slurm",
+            "--heartbeat-timeout", "10", "--checkpoint-every", "2s", "fit.py", str(ck), "3", "200"]
+    with out.open("w") as sink:
+        proc = slurm_cluster.popen("head", argv, cwd=work, stdout=sink, stderr=subprocess.STDOUT)
+    cut, elapsed = False, None
+    try:
+        assert wait_for_text(out, "Epoch 1/3", TIMEOUT), out.read_text(errors="replace")[-4000:]
+        slurm_cluster.set_link("n3", up=False)
+        cut, started = True, time.monotonic()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            pass
+        elapsed = time.monotonic() - started
+    finally:
+        if cut:
+            slurm_cluster.set_link("n3", up=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.read_text(errors="replace")
+    assert proc.returncode not in (0, -signal.SIGKILL), f"srun still waiting {elapsed:.0f} s after the cut:\n{text[-4000:]}"
+    lost = [line for line in text.splitlines() if "lost the node n3: its agent sent no heartbeat for" in line]
+    assert len(lost) == 1 and lost[0].startswith("[n1 agent]"), text[-4000:]
+    assert "ending the step (scancel " in text, text[-4000:]
+    print(f"\nlink cut -> srun returned: {elapsed:.1f} s (heartbeat timeout 10 s, exit code {proc.returncode})")
+    assert_nothing_left(slurm_cluster, wait=60)

@@ -311,6 +311,7 @@ def test_a_lost_node_stops_the_job_and_requeues_when_asked(requeue: bool, lines:
     assert h.agent.result.reason == "lost the node n3: its agent sent no heartbeat for 31 s (node down or network cut)"
     assert h.requeued == ([True] if requeue else [])
     assert h.agent.result.code == (0 if requeue else 1)
+    assert h.agent.result.lost_node == (None if requeue else "n3")  # without requeue, run() ends the step
     assert h.channel.to_all_sent == [Stop(h.agent.result.code)]
 
 

@@ -31,7 +31,7 @@ from keras_distrib.checkpoints import (
 )
 from keras_distrib.contract import PREEMPTED_EXIT_CODE
 from keras_distrib.launcher.options import Options, validate
-from keras_distrib.launcher.requeue import SGE_RESCHEDULE_EXIT, requeue
+from keras_distrib.launcher.requeue import SGE_RESCHEDULE_EXIT, end_step, requeue
 from keras_distrib.launcher.restarts import restart_line, restart_targets
 from keras_distrib.plan import build_plan
 from cluster_parsers import ClusterConfigError, JobInfo
@@ -241,3 +241,34 @@ def test_requeue_runs_the_scheduler_command(monkeypatch: pytest.MonkeyPatch, tmp
         assert code == 0 and lines[-1].startswith("requeued job 7")
     else:
         assert code == PREEMPTED_EXIT_CODE and "Only batch jobs are accepted" in lines[-1]
+
+
+@pytest.mark.parametrize("scheduler, environ, command, target", [
+    ("slurm", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "scancel", "7.0"),
+    ("sge", {"JOB_ID": "7"}, "qdel", "7"),
+    ("pbs", {"PBS_JOBID": "7.server"}, "qdel", "7.server"),
+    ("lsf", {"LSB_JOBID": "7"}, "bkill", "7"),
+])
+def test_a_lost_node_ends_the_step_through_the_scheduler(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                       scheduler: str, environ: dict[str, str], command: str,
+                                                       target: str) -> None:
+    record = tmp_path / "argv"
+    stub = tmp_path / command
+    stub.write_text(f"#!/bin/sh\necho \"$@\" > {record}\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    lines: list[str] = []
+    end_step(scheduler, environ, lines.append)
+    assert record.read_text().split() == [target]
+    assert lines == [f"ending the step ({command} {target}) so the launcher does not wait for the lost node."]
+
+
+def test_ending_the_step_says_why_it_cannot(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    lines: list[str] = []
+    end_step("local", {}, lines.append)
+    assert lines == []  # every agent is on this machine: nothing to wait for
+    end_step("slurm", {"SLURM_JOB_ID": "7"}, lines.append)
+    assert lines[-1].startswith("cannot end the step: SLURM_STEP_ID not set")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    end_step("slurm", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, lines.append)
+    assert "'scancel' is not on PATH" in lines[-1]
