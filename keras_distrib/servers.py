@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -20,6 +21,18 @@ logger = logging.getLogger("keras_distrib.servers")
 #: After SIGTERM (preemption, scancel) a server keeps serving this long, so the chief can
 #: write its checkpoint first (variables live on the ps); its agent kills it when done.
 TERM_GRACE = 60.0
+
+#: Imported by ``import tensorflow`` when installed, never needed by a server (it runs no
+#: Python of the user's): TensorFlow imports Keras eagerly, Keras its scikit-learn wrapper
+#: and matplotlib gallery, TF Lite jax; each import is guarded by ``except ImportError``.
+#: Marked absent, they cost a server nothing (bench/launch_overhead.py measures it).
+NOT_NEEDED_BY_A_SERVER = ("sklearn", "matplotlib", "jax")
+
+
+def skip_optional_imports() -> None:
+    """Make ``import NAME`` fail with ImportError in this process for each name above."""
+    for name in NOT_NEEDED_BY_A_SERVER:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # None: "not importable"
 
 
 def _exit_later(signum: int, _frame: object) -> None:
@@ -38,6 +51,7 @@ def main() -> None:
     cluster = contract.read_tf_cluster(os.environ)
     protocol = contract.protocol(os.environ)
 
+    skip_optional_imports()
     import tensorflow as tf
 
     server = tf.distribute.Server(

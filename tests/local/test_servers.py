@@ -1,13 +1,16 @@
 """A TensorFlow server under SIGTERM (preemption, scancel) keeps serving for its grace period,
-so the chief can write its checkpoint, then exits with 128 + SIGTERM."""
+so the chief can write its checkpoint, then exits with 128 + SIGTERM; it has not loaded the
+optional packages (scikit-learn, matplotlib, jax) that ``import tensorflow`` pulls in."""
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,7 @@ GRACE = 3.0
 
 
 def test_sigterm_keeps_serving_for_the_grace_then_exits() -> None:
+    installed_optional = [name for name in ("sklearn", "matplotlib", "jaxlib") if importlib.util.find_spec(name)]
     spec = make_cluster_spec(num_workers=1, num_ps=1)
     code = f"import keras_distrib.servers as s; s.TERM_GRACE = {GRACE}; s.main()"
     env = task_env(spec, "ps", 0, "ps-per-node")
@@ -28,6 +32,9 @@ def test_sigterm_keeps_serving_for_the_grace_then_exits() -> None:
         # Lines until the server says it serves (EOF, if it dies, ends the loop).
         assert any("serving ps:0" in line for line in proc.stderr), "the server did not say it serves"
         host, port = spec["ps"][0].split(":")
+        # The optional packages Keras and TF Lite import when installed were not loaded.
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert [name for name in installed_optional if f"/{name}/" in maps] == []
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         time.sleep(GRACE / 3)
