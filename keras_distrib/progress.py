@@ -83,6 +83,20 @@ def tick(n: int = 1) -> None:
         counter.add(n)
 
 
+def announce() -> None:
+    """Say that this process called into keras_distrib: its counter file exists from now on.
+
+    The agent reads a missing file after SCRIPT's exit as "SCRIPT never used keras_distrib"
+    (a single-process script launched unchanged, the other processes idle).
+    """
+    _current()
+
+
+def announced(path: str | os.PathLike[str]) -> bool:
+    """The agent's side of ``announce``: whether the process behind ``path`` called it."""
+    return os.path.exists(path)
+
+
 def watched(fn: _F) -> _F:
     """Decorate a call whose silence the watchdog judges (a trainer's fit, evaluate)."""
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import contract
+from . import contract, progress
 from .logs import configure_script
 from .plan import CHIEF, JAX_LAYOUTS, PS, WORKER, Plan, Process
 
@@ -58,6 +58,8 @@ def cluster(environ: Mapping[str, str] | None = None) -> ClusterInfo:
     cluster, with the layout inferred (ps tasks -> ps-per-node, else allreduce).
     """
     env = os.environ if environ is None else environ
+    if environ is None:
+        progress.announce()
     if not contract.in_job(env):
         raise NotInJobError(
             f"not inside a keras_distrib job ({contract.PLAN_FILE_VAR} and TF_CONFIG are not set). "

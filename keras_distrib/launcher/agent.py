@@ -37,7 +37,8 @@ from typing import Any, Protocol
 
 from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
 
-from ..contract import PREEMPTED_EXIT_CODE
+from .. import progress
+from ..contract import PREEMPTED_EXIT_CODE, progress_file
 from ..logs import ROOT as ROOT_LOGGER
 from ..logs import LineFormatter, NodeLogger
 from ..network import wait_reachable
@@ -404,6 +405,8 @@ class Agent:
                                   or self.interrupted):
             if code != 0 or self.interrupted:
                 self.log.info(f"{child.label} finished with {describe_exit(code)}")
+            elif self.identity.leader:
+                self._warn_if_unported(child)
             if not self.processes.script_running():
                 self._script_done(shell_exit_code(code))
             return
@@ -413,6 +416,25 @@ class Agent:
             self._on_hung(culprit, what + f" ({child.label} exited with {describe_exit(code)} because of it)")
             return
         self.fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
+
+    def _warn_if_unported(self, child: Child) -> None:
+        """Agent 0: SCRIPT ended well without ever calling keras_distrib: name the idle processes."""
+        plan_file = getattr(self.processes, "plan_file", None)  # None: the lifecycle tests' fakes
+        others = [p.name for p in self.plan.processes if p.name != child.proc.name]
+        # One line per job: the first SCRIPT process speaks for the others (all-reduce, jax).
+        if plan_file is None or self.spec.runs_check or not others or child.proc.index != 0:
+            return
+        if progress.announced(progress_file(plan_file, child.proc)):
+            return
+        if self.plan.every_process_runs_script:
+            what = f"each of the {len(self.plan.processes)} processes ran it alone, on all the data, without the others"
+        else:
+            what = f"it trained in {child.proc.name} alone while {', '.join(others)} stayed idle"
+        self.log.warning(
+            f"SCRIPT never called keras_distrib (strategy(), distribution(), cluster() or fit()): {what}. "
+            "HINT: port it as docs/porting.md shows: keras_distrib.strategy() first (jax layouts: "
+            "keras_distrib.distribution()), the model built under it, keras_distrib.fit for model.fit."
+        )
 
     def _script_done(self, code: int) -> None:
         """This agent's SCRIPTs all ended; in allreduce and jax, agent 0 waits for every agent."""

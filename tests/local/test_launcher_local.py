@@ -211,3 +211,32 @@ def test_every_process_output_is_kept_in_the_log_dir(tmp_path: Path, log_dir: st
         assert f"print from worker:{index}\nto stderr\n" in text
         assert text.rstrip().endswith(f"--- worker:{index} on local{index} ended with exit code 0")
     assert "the full output of every process is in" in (folder / "agent-0.log").read_text()
+
+
+UNPORTED = "import sys\nprint('trained alone', sys.argv[1:], flush=True)\n"
+UNPORTED_LINE = "SCRIPT never called keras_distrib (strategy(), distribution(), cluster() or fit())"
+
+
+@pytest.mark.parametrize("layout, what", [
+    ("ps-per-node", "it trained in chief:0 alone while ps:0, worker:0, ps:1, worker:1 stayed idle"),
+    ("allreduce", "each of the 2 processes ran it alone, on all the data, without the others"),
+])
+def test_a_script_that_never_calls_keras_distrib_is_named(workdir: Path, layout: str, what: str) -> None:
+    """Issue 30: a single-process script launched unchanged ends well, with one line saying
+    that the other processes were idle (or each worker trained alone) and a HINT."""
+    (workdir / "unported.py").write_text(UNPORTED)
+    proc = start_local(["--nodes", "2", "--layout", layout, "unported.py", "x"], workdir)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    lines = [line for line in meaningful(out) if UNPORTED_LINE in line]
+    assert len(lines) == 1, out
+    assert lines[0].startswith("[local0 agent] keras_distrib: warning: "), lines[0]
+    assert what in lines[0] and "HINT: port it as docs/porting.md shows" in lines[0], lines[0]
+
+
+def test_a_script_that_calls_keras_distrib_is_not_named(workdir: Path) -> None:
+    proc = start_local(["--nodes", "2", "chief.py", "exit", "0"], workdir)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "[local0 chief:0] role chief 0 workers 2 ps 2" in out
+    assert UNPORTED_LINE not in out
