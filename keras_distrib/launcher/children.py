@@ -65,6 +65,27 @@ _TRACEBACK_START = b"Traceback (most recent call last):"
 # keeps the whole traceback).
 _OWN_HINTED_ERROR = re.compile(rb"^keras_distrib\.[\w.]+: .*HINT:")
 TAIL_LINES = 30
+# A Python warning as the warnings module prints it: "path:line: SomeWarning: text".
+_PY_WARNING = re.compile(rb"^\S+:\d+: \w*Warning: ")
+
+
+@dataclass
+class SharedErrors:
+    """The errors and warnings this agent has shown, by text, and which process showed each.
+
+    Shared by the OutputFilters of one agent's children: several processes failing the same
+    way (all-reduce workers, jax processes) show one traceback and a line for each other;
+    a warning every process repeats is shown once. Log files keep everything.
+    """
+
+    first: dict[bytes, str] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def shown_by(self, text: bytes, name: str) -> str | None:
+        """The other process that showed ``text`` first; None (and ``name`` is recorded) if none did."""
+        with self.lock:
+            first = self.first.setdefault(text.strip(), name)
+        return first if first != name else None
 
 
 @dataclass
@@ -82,13 +103,26 @@ class OutputFilter:
     quiet: bool = False
     has_gpus: bool = False
     tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    # The process's name, and the agent's record of what its children showed (None: no sharing).
+    name: str = ""
+    shared: SharedErrors | None = None
+    last_error: bytes | None = None  # the exception line of its last traceback
     _traceback: list[bytes] = field(default_factory=list)
+    _hiding_warning: bool = False
 
     def feed(self, line: bytes) -> list[bytes]:
         """The lines to show now, for one line of output."""
         if not self.banners and (_NOISE.match(line) or (not self.has_gpus and _NO_GPU_NOISE.match(line))):
             return []
         self.tail.append(line)
+        if self._hiding_warning:  # the source line the warnings module prints under a warning
+            self._hiding_warning = False
+            if line[:1] in (b" ", b"\t"):
+                return []
+        if self.shared is not None and not self._traceback and _PY_WARNING.match(line):
+            if self.shared.shown_by(line, self.name) is not None:
+                self._hiding_warning = True
+                return []
         if self._traceback or line.startswith(_TRACEBACK_START):
             self._traceback.append(line)
             # Indented frames, and blank lines (Python prints one where a frame's source
@@ -101,8 +135,23 @@ class OutputFilter:
                 return [] if self.quiet else [b"interrupted (KeyboardInterrupt)\n"]
             if _OWN_HINTED_ERROR.match(line):
                 return [] if self.quiet else [line]
+            self.last_error = line
+            first = self.shared.shown_by(line, self.name) if self.shared is not None and not self.quiet else None
+            if first is not None:
+                return [self.same_error_line(first)]
             return [] if self.quiet else held
         return [] if self.quiet else [line]
+
+    def same_error_line(self, first: str) -> bytes:
+        assert self.last_error is not None
+        return (f"the same error as {first} (its traceback is shown; this one is in the log directory): ".encode()
+                + self.last_error.strip() + b"\n")
+
+    def repeats_an_error(self) -> str | None:
+        """A quiet child's failure: the process that already showed its last error, if any."""
+        if self.shared is None or self.last_error is None:
+            return None
+        return self.shared.shown_by(self.last_error, self.name)
 
     def flush(self) -> list[bytes]:
         """Lines still held (an unfinished traceback) when the output ends."""
@@ -197,9 +246,14 @@ def spawn(
             write_line(sink, prefix + shown)
         code = popen.wait()
         if output.quiet and code != 0 and not child.signalled and output.tail:
-            write_line(sink, prefix + f"(quiet) failed with {describe_exit(code)}; its last lines:\n".encode())
-            for shown in output.tail:
-                write_line(sink, prefix + shown)
+            first = output.repeats_an_error()
+            if first is not None:
+                write_line(sink, prefix + f"(quiet) failed with {describe_exit(code)}; ".encode()
+                           + output.same_error_line(first))
+            else:
+                write_line(sink, prefix + f"(quiet) failed with {describe_exit(code)}; its last lines:\n".encode())
+                for shown in output.tail:
+                    write_line(sink, prefix + shown)
         if log is not None:
             _keep(log, f"--- {proc.name} on {proc.node} ended with {describe_exit(code)}\n".encode())
             log.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import contract
 from ..plan import Plan, Process
-from .children import Child, OutputFilter, spawn
+from .children import Child, OutputFilter, SharedErrors, spawn
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ class LocalProcesses:
     plan_file: Path | None = None
     environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
     children: list[Any] = field(default_factory=list)
+    # What this agent's children showed: one traceback per error, one copy of each warning.
+    shown: SharedErrors = field(default_factory=SharedErrors)
     # How each child was started (its launch and environment), for restarts.
     _started: dict[str, tuple[Launch, dict[str, str]]] = field(default_factory=dict)
 
@@ -80,7 +82,8 @@ class LocalProcesses:
             self.children.append(self._spawn(launch, env))
 
     def _spawn(self, launch: Launch, env: dict[str, str]) -> Any:
-        output = OutputFilter(banners=launch.banners, quiet=launch.quiet, has_gpus=bool(launch.proc.gpus))
+        output = OutputFilter(banners=launch.banners, quiet=launch.quiet, has_gpus=bool(launch.proc.gpus),
+                              name=launch.proc.name, shared=self.shown)
         extra = {"log": self._open_log(launch.proc)} if self.settings.log_dir is not None else {}
         return self.spawner(launch.proc, list(launch.argv), env, launch.runs_script, self.on_exit, output=output,
                             **extra)

@@ -13,7 +13,7 @@ import pytest
 
 from cluster_parsers import JobInfo
 from keras_distrib import contract
-from keras_distrib.launcher.children import OutputFilter, spawn
+from keras_distrib.launcher.children import OutputFilter, SharedErrors, spawn
 from keras_distrib.plan import build_plan
 from keras_distrib.strategies import cluster
 
@@ -137,6 +137,33 @@ def test_our_own_hinted_error_is_shown_as_its_line_alone() -> None:
     # Without a HINT (a bug of ours, or a chained error) the traceback stays whole.
     bug = b"keras_distrib.trainers._common.TrainerError: unexpected state\n"
     assert shown(OutputFilter(), [*frames, bug]) == [*frames, bug]
+
+
+def test_the_same_error_from_several_processes_is_one_traceback_and_a_line_each() -> None:
+    """Issue 30: one failure, one story (the log files keep every traceback)."""
+    frames = [b"Traceback (most recent call last):\n", b'  File "train.py", line 9, in <module>\n', b"    open(p)\n"]
+    error = b"FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'\n"
+    shared = SharedErrors()
+    first, second, third = (OutputFilter(name=n, shared=shared) for n in ("worker:0", "worker:1", "worker:2"))
+    assert shown(first, [*frames, error]) == [*frames, error]
+    same = (b"the same error as worker:0 (its traceback is shown; this one is in the log directory): "
+            b"FileNotFoundError: [Errno 2] No such file or directory: 'data.csv'\n")
+    assert shown(second, [b"a\n", *frames, error]) == [b"a\n", same]
+    other = b"ValueError: another cause\n"
+    assert shown(third, [*frames, other]) == [*frames, other]  # another error stays whole
+    assert shown(first, [*frames, error]) == [*frames, error]  # the same process again (a restart) too
+    quiet = OutputFilter(name="worker:3", shared=shared, quiet=True)
+    assert shown(quiet, [*frames, error]) == [] and quiet.repeats_an_error() == "worker:0"
+
+
+def test_a_warning_every_process_repeats_is_shown_once() -> None:
+    warning = [b"/venv/keras/src/trainer.py:82: UserWarning: The model does not have any trainable weights.\n",
+               b"  warnings.warn(\n"]
+    shared = SharedErrors()
+    first, second = OutputFilter(name="jax:0", shared=shared), OutputFilter(name="jax:1", shared=shared)
+    assert shown(first, [*warning, b"Epoch 1/2\n"]) == [*warning, b"Epoch 1/2\n"]
+    assert shown(second, [*warning, b"Epoch 1/2\n"]) == [b"Epoch 1/2\n"]
+    assert shown(first, warning) == warning  # the same process repeating itself is its own business
 
 
 def test_quiet_child_shows_nothing_but_keeps_its_tail() -> None:
