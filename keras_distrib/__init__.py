@@ -15,6 +15,7 @@ _LAZY = {
     "strategy": ("keras_distrib.strategies", "strategy"),
     "distribution": ("keras_distrib.jax_distribution", "distribution"),
     "chief_path": ("keras_distrib.jax_distribution", "chief_path"),
+    "backup_and_restore": ("keras_distrib.jax_distribution", "backup_and_restore"),
     "fit": ("keras_distrib.trainers", "fit"),
     "evaluate": ("keras_distrib.trainers", "evaluate"),
     "predict": ("keras_distrib.trainers", "predict"),
@@ -36,4 +37,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'keras_distrib' has no attribute {name!r}")
 
 
-__all__ = ["__version__", "cluster", "strategy", "distribution", "chief_path", "fit", "evaluate", "predict", "data", "once", "OnceError"]
+__all__ = ["__version__", "cluster", "strategy", "distribution", "chief_path", "backup_and_restore", "fit", "evaluate", "predict", "data", "once", "OnceError"]

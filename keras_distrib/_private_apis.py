@@ -66,3 +66,28 @@ def jax_key_value_store() -> Any:
     from jax._src.distributed import global_state
 
     return global_state.client
+
+
+def initial_epoch(model: Any) -> int:
+    """The epoch ``fit`` starts from after ``BackupAndRestore`` restored a backup.
+
+    Upstream: ``BackupAndRestore`` (Keras 3) tells ``fit`` where to start by setting the
+    private ``model._initial_epoch``; no public API reads it back.
+    """
+    return int(getattr(model, "_initial_epoch", 0) or 0)
+
+
+def write_backups_to(callback: Any, directory: str) -> None:
+    """Make a ``keras.callbacks.BackupAndRestore`` write its files to ``directory`` from now on.
+
+    Upstream: the callback reads and writes one ``backup_dir`` (its private ``_weights_path``
+    and ``_training_metadata_path``, set in ``__init__``); on JAX every process must save
+    (``save_weights`` is a collective) but only one may write the shared directory.
+    """
+    import os
+
+    callback.backup_dir = directory
+    callback._weights_path = os.path.join(directory, "latest.weights.h5")
+    callback._training_metadata_path = os.path.join(directory, "training_metadata.json")
+    callback._prev_weights_path = f"{callback._weights_path}.bkp"
+    callback._prev_training_metadata_path = f"{callback._training_metadata_path}.bkp"

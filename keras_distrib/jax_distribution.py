@@ -91,6 +91,29 @@ def chief_path(path: str) -> str:
     return os.path.join(_scratch_dir(), os.path.basename(os.path.normpath(path)))
 
 
+def backup_and_restore(backup_dir: str, **kwargs: Any) -> Any:
+    """Keras' ``BackupAndRestore`` for the jax layouts: resume a killed or requeued job.
+
+    Every process reads the job's backup in ``backup_dir`` (so all resume at the same epoch)
+    and saves at every epoch end (a collective on JAX), but only process 0 writes there; the
+    others write to their private scratch directory. ``kwargs`` go to ``BackupAndRestore``
+    (``save_freq``, ``double_checkpoint``, ``delete_checkpoint``).
+    """
+    import keras
+
+    class JobBackupAndRestore(keras.callbacks.BackupAndRestore):
+        def on_train_begin(self, logs: Any = None) -> None:
+            super().on_train_begin(logs)  # every process reads the shared backup
+            info = cluster()
+            epoch = _private_apis.initial_epoch(self.model)
+            if info.is_chief and epoch:
+                logger.info(f"resuming from {self.backup_dir} (epoch {epoch} done).")
+            if not info.is_chief:
+                _private_apis.write_backups_to(self, os.path.join(_scratch_dir(), "backup"))
+
+    return JobBackupAndRestore(backup_dir, **kwargs)
+
+
 @functools.cache
 def _scratch_dir() -> str:
     scratch = tempfile.mkdtemp(prefix="keras_distrib-")

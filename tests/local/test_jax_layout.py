@@ -153,3 +153,51 @@ def test_even_shards_grid(examples: int, batch: int, processes: int) -> None:
     assert len(seen) == len(set(seen))
     expected = sum(size - size % processes for size in [batch] * (examples // batch) + [examples % batch] if size)
     assert len(seen) == expected
+
+
+RESUMABLE = r'''
+import json, os, sys
+import numpy as np
+import keras
+import tensorflow as tf
+import keras_distrib
+
+keras_distrib.distribution()
+info = keras_distrib.cluster()
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 8)).astype("float32")
+y = (x.sum(axis=1) > 0).astype("int32")
+train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(256, seed=1).batch(32)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2, activation="softmax")])
+model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy", metrics=["accuracy"])
+
+
+class Crash(keras.callbacks.Callback):
+    """Kills process 0 at the end of the second epoch, once (after the backup was written)."""
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1 and info.is_chief and not os.path.exists("crashed"):
+            open("crashed", "w").close()
+            os._exit(3)
+
+
+history = model.fit(train, epochs=4, callbacks=[keras_distrib.backup_and_restore("backup"), Crash()], verbose=0)
+if info.is_chief:
+    print(json.dumps({"epochs": len(history.history["loss"]), "accuracy": history.history["accuracy"][-1]}), flush=True)
+'''
+
+
+def test_a_killed_job_resumes_from_its_backup(tmp_path: Path) -> None:
+    """Issue 30: the jax layouts resume (keras_distrib.backup_and_restore): process 0 dies at
+    the end of epoch 2 of 4; the same command again resumes at epoch 3 with the resume line."""
+    (tmp_path / "train.py").write_text(RESUMABLE)
+    code, lines, _ = run_local(tmp_path, ["--nodes", "2", "--layout", "jax", "train.py"])
+    # 3 (process 0), or 1 when process 1's failed collective is reported first.
+    assert code != 0 and (tmp_path / "crashed").exists(), "\n".join(lines[-40:])
+    assert json.loads((tmp_path / "backup" / "training_metadata.json").read_text())["epoch"] == 2
+    code, lines, _ = run_local(tmp_path, ["--nodes", "2", "--layout", "jax", "train.py"])
+    assert code == 0, "\n".join(lines[-40:])
+    resumed = [line for line in lines if "resuming from backup (epoch 2 done)." in line]
+    assert len(resumed) == 1 and resumed[0].startswith("[local0 worker:0]"), "\n".join(lines[-40:])
+    result = json.loads(next(line.split("] ", 1)[1] for line in lines if line.startswith("[local0 worker:0] {")))
+    assert result["epochs"] == 2 and result["accuracy"] > 0.8, result
+    assert not (tmp_path / "backup").exists()  # deleted at the end of a completed fit, as Keras does
