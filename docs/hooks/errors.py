@@ -292,7 +292,8 @@ def scan() -> tuple[list[Entry], list[Unreadable]]:
                             for arg in inner.args:
                                 text = module.render(arg, local)
                                 hole = "{" + node.name + "}"
-                                if text and hole in text:
+                                # A tuple of classes has no one name: not a wrapper of one class's messages.
+                                if text and hole in text and _call_name(node.type):
                                     before, after = text.split(hole, 1)
                                     said = _call_name(inner.func)
                                     kind = "warning" if said in ("warn", "warning") or "warning" in before else "error"

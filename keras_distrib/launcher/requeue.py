@@ -79,10 +79,12 @@ def end_step(scheduler: str, environ: Mapping[str, str], say: Callable[[str], No
     variables, command = END_STEP_COMMANDS[scheduler]
     if any(not environ.get(v) for v in variables):
         missing = [v for v in variables if not environ.get(v)]
-        say(f"cannot end the step: {', '.join(missing)} not set; the scheduler ends it once it gives the node up.")
+        say(f"cannot end the step: {', '.join(missing)} not set. HINT: the scheduler ends it once it gives the "
+            "node up; cancel it yourself to return sooner.")
         return
     if shutil.which(command[0]) is None:
-        say(f"cannot end the step: {command[0]!r} is not on PATH; the scheduler ends it once it gives the node up.")
+        say(f"cannot end the step: {command[0]!r} is not on PATH. HINT: the scheduler ends it once it gives the "
+            "node up; cancel it yourself to return sooner.")
         return
     argv = [*command, ".".join(environ[v] for v in variables)]
     say(f"ending the step ({' '.join(argv)}) so the launcher does not wait for the lost node.")
@@ -91,4 +93,5 @@ def end_step(scheduler: str, environ: Mapping[str, str], say: Callable[[str], No
         # caller has already stopped everything and reported the job's end.
         subprocess.run(argv, capture_output=True, text=True, timeout=REQUEUE_TIMEOUT)
     except (subprocess.TimeoutExpired, OSError) as exc:
-        say(f"cannot end the step: {' '.join(argv)} failed ({exc}); the scheduler ends it once it gives the node up.")
+        say(f"cannot end the step: {' '.join(argv)} failed ({exc}). HINT: the scheduler ends it once it gives the "
+            f"node up; run {' '.join(argv)} yourself to return sooner.")
