@@ -193,3 +193,40 @@ def test_cut_link_without_requeue_ends_the_interactive_step(slurm_cluster: Slurm
     assert "ending the step (scancel " in text, text[-4000:]
     print(f"\nlink cut -> srun returned: {elapsed:.1f} s (heartbeat timeout 10 s, exit code {proc.returncode})")
     assert_nothing_left(slurm_cluster, wait=60)
+
+
+def test_frozen_ps_on_another_node_is_named_and_restarted(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    """Issue 24 on the real cluster: ps:1 on n2 stopped with SIGSTOP (alive, sockets open,
+    its agent still sending heartbeats) is named by n2's agent with its stacks, restarted with
+    the chief's SCRIPT, and the job completes with the exact step count."""
+    out, ck = work / "frozen.out", work / "frozen-ck"
+    job = sbatch_template(slurm_cluster, PS_PER_NODE, ["-N2", "--cpus-per-task=2", "-o", str(out)],
+                          ["--checkpoint-every", "2s", "--hang-timeout", "20", "fit.py", str(ck), "4", "200"], work)
+    frozen = None
+    try:
+        assert wait_for_text(out, "Epoch 1/4", TIMEOUT), out.read_text(errors="replace") if out.exists() else "no output"
+        deadline = time.monotonic() + TIMEOUT  # freeze once a checkpoint exists: the restart resumes from it
+        while not any(ck.glob("ckpt-*")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        frozen = pid_of(slurm_cluster, "n2", "ps:1")
+        os.kill(frozen, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        assert wait_for_text(out, "ps:1 on n2 made no progress", 120), out.read_text(errors="replace")[-4000:]
+        named_after = time.monotonic() - stopped_at
+        result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
+    finally:
+        if frozen is not None:
+            try:
+                os.kill(frozen, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text = out.read_text(errors="replace")
+    assert result == "COMPLETED", text[-4000:]
+    named = [line for line in text.splitlines() if "ps:1 on n2 made no progress for" in line]
+    assert len(named) == 1 and "(state: stopped)" in named[0] and "stacks" in named[0], named
+    assert "restarting it and the chief's SCRIPT, which resumes" in named[0], named[0]
+    assert f"resuming from {ck}/ckpt-" in text, text[-4000:]
+    assert result_of(text)["step"] == 4 * 200
+    print(f"\nps:1 frozen -> named: {named_after:.1f} s (--hang-timeout 20)")
+    assert_nothing_left(slurm_cluster, job, wait=60)
