@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +13,8 @@ from .policy import Order, shard_dataset
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,6 +41,21 @@ class DatasetSource(BaseSource):
         self._fns: dict[int, Any] = {}
         if self.batched is None:
             self.batched = private.ends_with_batch(self._graph_def())
+
+    def count_unknown_size(self) -> bool:
+        """Learn the size of a dataset of unknown size (a TFRecord file, a ``filter``) by one pass
+        over it, as Keras' ``fit`` learns it in its first epoch; False for an infinite one."""
+        import tensorflow as tf
+
+        if self.num_examples is not None or int(self.dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
+            return False
+        what = "batches" if self.batched else "elements"
+        logger.info(f"the data has unknown size: counting its {what} in one pass first "
+                    "(tf.data.experimental.assert_cardinality(N) on the dataset skips this).")
+        started = time.monotonic()
+        self.num_examples = int(self.dataset.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+        logger.info(f"counted {self.num_examples} {what} in {time.monotonic() - started:.1f} s.")
+        return True
 
     def _graph_def(self) -> Any:
         if self._graph is None:

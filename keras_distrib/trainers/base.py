@@ -286,10 +286,15 @@ class Trainer:
         repeat = steps_per_epoch is not None
         train = self._prepare(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat, training=True)
         target = steps_per_epoch or train.steps
+        if target is None and isinstance(source, kd_data.DatasetSource) and source.count_unknown_size():
+            train = self._prepare(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat,
+                                  training=True)
+            target = train.steps
         if target is None:
             raise TrainerError(
-                "the training data has unknown size and steps_per_epoch is not given. HINT: pass "
-                "steps_per_epoch=..., or num_examples= to the keras_distrib.data source."
+                "the training data has no end (an infinite dataset: .repeat()) or unknown size, and "
+                "steps_per_epoch is not given. HINT: pass steps_per_epoch=..., state the size with "
+                "tf.data.experimental.assert_cardinality(N), or give num_examples= to the keras_distrib.data source."
             )
         val = None
         if val_source is not None:

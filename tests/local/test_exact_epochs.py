@@ -9,6 +9,7 @@ layer that rejects an empty batch, so an empty batch in all-reduce fails the run
 One cluster per (layout, workers) runs every case of its grid in one script (a process
 connects to one cluster only). Input kinds: numpy dict / tf.data batched / unbatched /
 shuffled (reshuffle_each_iteration) / FileSource (per-record parse, batch-then-parse) /
+TFRecords through tf.data of unknown size (no steps_per_epoch) /
 self_loading / Keras PyDataset (inline, threads, processes) / tf.data from_generator. A representative subset of
 kinds x (size, batch) runs (see MAIN and SMALL; the full cross-product would take ~4x longer
 on 2 cores). worker-per-gpu uses the same ParameterServerTrainer as ps-per-node (only the
@@ -147,6 +148,11 @@ def data(kind, n, batch):
         return (write_files(n, "f"),), {"batch_size": batch}
     if kind == "files_parse_batch":
         return (write_files(n, "fb"),), {"batch_size": batch}
+    if kind == "tfrecord_unknown_size":  # TFRecordDataset(files).map(parse).batch(b): cardinality UNKNOWN
+        files = write_files(n, "u")
+        ds = tf.data.Dataset.from_tensor_slices(list(files.files)).flat_map(files.reader).batch(batch)
+        assert int(ds.cardinality()) == tf.data.UNKNOWN_CARDINALITY
+        return (ds,), {}
     if kind == "from_generator":  # Python in the process that builds the dataset (ps: the chief)
         def rows():
             for i in range(n):
@@ -186,10 +192,13 @@ KINDS = ["numpy", "batched", "unbatched", "shuffled", "files", "files_parse_batc
 MAIN = [[k, 1347, 32] for k in KINDS] + [[k, n, b] for k in ("numpy", "shuffled") for n, b in ((1001, 7), (449, 32), (64, 32))]
 # Keras' PyDataset, dealt by batch index (43 and 15 batches; 4 batches over 3 workers: 2, 1, 1).
 MAIN += [["pydataset", 1347, 32], ["pydataset_threads", 449, 32]]
+# Data of unknown size without steps_per_epoch (issue 30): counted in one pass, then exact.
+MAIN += [["tfrecord_unknown_size", 449, 32]]
 MAIN += [["global_seed", 1001, 32]]  # last: the global seed it sets stays set
 EPOCHS = 2  # the second re-iterates (and reshuffles) the same input: enough to see a repeat
 SMALL = [[k, 1347, 32] for k in ("numpy", "unbatched", "shuffled", "files")] + [["numpy", 449, 32], ["numpy", 31, 30]]
-SMALL += [["pydataset", 31, 10], ["pydataset_processes", 449, 32], ["from_generator", 449, 32]]
+SMALL += [["pydataset", 31, 10], ["pydataset_processes", 449, 32], ["from_generator", 449, 32],
+          ["tfrecord_unknown_size", 1001, 7]]
 
 
 def run_grid(tmp_path: Path, layout: str, workers: int, cases: list[list[Any]]) -> list[dict[str, Any]]:
