@@ -84,8 +84,10 @@ def test_killed_process_stops_the_job_with_one_line(tmp_path: Path) -> None:
                         "--verbose", "2"], tmp_path, **JAX_ENV)
     try:
         # worker:1 has joined once its marker port listens; kill it during training.
-        assert wait_for(lambda: bool(processes_with_env("KERAS_DISTRIBUTION_PROCESS_ID", "1")), RUN_TIMEOUT / 2)
-        victims = processes_with_env("KERAS_DISTRIBUTION_PROCESS_ID", "1")
+        # This job's only (parent=): another test's jax job may run beside it (pytest-xdist).
+        assert wait_for(lambda: bool(processes_with_env("KERAS_DISTRIBUTION_PROCESS_ID", "1", parent=proc.pid)),
+                        RUN_TIMEOUT / 2)
+        victims = processes_with_env("KERAS_DISTRIBUTION_PROCESS_ID", "1", parent=proc.pid)
         time.sleep(5)
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
@@ -106,7 +108,8 @@ def test_sigterm_ends_the_job(tmp_path: Path) -> None:
     proc = start_local(["--nodes", "2", "--layout", "jax", script, "--epochs", "500", "--verbose", "2"], tmp_path,
                        **JAX_ENV)
     try:
-        assert wait_for(lambda: len(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")) == 2, RUN_TIMEOUT / 2)
+        assert wait_for(lambda: len(processes_with_env("KERAS_DISTRIBUTION_NUM_PROCESSES", "2", parent=proc.pid)) == 2,
+                        RUN_TIMEOUT / 2)
         time.sleep(20)  # into training
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
