@@ -1,56 +1,47 @@
-"""Marks each test by its folder (tests/unit, tests/local, tests/slurm, tests/sge) and groups
-tests for pytest-xdist (``--dist loadgroup``):
+"""Marks each test by its folder (tests/unit, tests/local, tests/slurm, tests/sge), and how
+pytest-xdist shares the tests out (``-n 2 --dist loadfile`` in pyproject.toml):
 
-- the real Slurm and SGE clusters share one test network and are started once per pytest
-  process, so every test in tests/slurm and tests/sge runs in one group;
-- a module whose tests share a cluster (a module- or session-scoped fixture of ours) runs in
-  one group, so the cluster is started once, not once per xdist worker;
-- any other test is spread on its own.
+- every test of one file on one worker: a module's shared cluster (a module-scoped fixture)
+  starts once;
+- every test in tests/slurm and tests/sge on one worker: the real clusters are session
+  fixtures that hold their harness's lock until the worker ends, so a second worker would
+  wait for them (CI: 600 s, then an error).
+
+pytest 9.2 names items by a structured id, and xdist 3.8's ``loadgroup`` (which rewrites
+``item._nodeid``) no longer groups anything, so the grouping is a scheduler of our own.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
 _FOLDER_MARKS = {"unit": pytest.mark.unit, "local": pytest.mark.local, "slurm": pytest.mark.slurm,
                 "sge": pytest.mark.sge}
-_SHARED_SCOPES = {"module", "package", "session"}
+REAL_CLUSTER_FOLDERS = ("tests/slurm/", "tests/sge/")
 
 
-def _shares_a_fixture(item: pytest.Item) -> bool:
-    """True when the test uses a module/package/session fixture defined under tests/."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    for definitions in info.name2fixturedefs.values():
-        for definition in definitions:
-            source = getattr(definition.func, "__code__", None)
-            if (definition.scope in _SHARED_SCOPES and source is not None
-                    and Path(source.co_filename).resolve().is_relative_to(TESTS)):
-                return True
-    return False
+def work_unit(nodeid: str) -> str:
+    """The tests that must share one xdist worker: the file, or all real-cluster tests."""
+    path = nodeid.split("::", 1)[0]
+    return "real-clusters" if path.startswith(REAL_CLUSTER_FOLDERS) else path
 
 
-def xdist_group(item: pytest.Item) -> str | None:
-    """The group a test must run in with others, or None when it can run anywhere."""
-    path = Path(str(item.fspath)).resolve()
-    if path.parent.name in ("slurm", "sge"):
-        return "real-clusters"
-    if _shares_a_fixture(item):
-        return str(path.relative_to(TESTS))
-    return None
-
-
-# tryfirst: xdist reads the xdist_group marks in its own pytest_collection_modifyitems.
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(str(item.fspath)).parent.name
         if folder in _FOLDER_MARKS:
             item.add_marker(_FOLDER_MARKS[folder])
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileAndCluster(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByFileAndCluster(config, log)
