@@ -77,8 +77,8 @@ def end_step(scheduler: str, environ: Mapping[str, str], say: Callable[[str], No
     if scheduler not in END_STEP_COMMANDS:
         return  # local mode: every agent is on this machine
     variables, command = END_STEP_COMMANDS[scheduler]
-    if any(not environ.get(v) for v in variables):
-        missing = [v for v in variables if not environ.get(v)]
+    missing = [v for v in variables if not environ.get(v)]
+    if missing:
         say(f"cannot end the step: {', '.join(missing)} not set. HINT: the scheduler ends it once it gives the "
             "node up; cancel it yourself to return sooner.")
         return
