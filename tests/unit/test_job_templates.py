@@ -117,7 +117,9 @@ def test_slurm_specifics(template: Template) -> None:
     assert any(line.startswith("#SBATCH --requeue ") for line in text.splitlines())
     before = text[: text.index(preempt[0])]
     assert "SIGUSR1" in before.split("#SBATCH --output")[-1], "the preemption line needs its explanation"
-    assert """trap 'kill -USR1 "$srun_pid" 2>/dev/null' USR1""" in text
+    trap = """trap 'usr1=1; [ -n "$srun_pid" ] && kill -USR1 "$srun_pid" 2>/dev/null' USR1"""
+    # Set before srun starts: a warning that came between the two killed the batch shell.
+    assert trap in text and text.index(trap) < text.index("\nsrun ")
 
 
 # -- running the templates against stub launchers --------------------------------------------
@@ -197,9 +199,10 @@ def test_sbatch_passes_the_time_limit_warning_to_srun(template: Template, tmp_pa
     env = {"PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}", "RECORD": str(record), "SLURM_JOB_NUM_NODES": "2"}
     shell = subprocess.Popen([BASH, str(template.file), *ARGS], env=env, cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not (record.exists() and "started" in record.read_text()) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert record.exists(), "the stub srun did not start within 60 s"
         shell.send_signal(signal.SIGUSR1)  # what --signal=B:USR1 does
         assert shell.wait(timeout=20) == 75  # srun's code, not the interrupted wait's
     finally:
