@@ -5,7 +5,8 @@ pytest-xdist shares the tests out (``-n 2 --dist loadfile`` in pyproject.toml):
   starts once;
 - every test in tests/slurm and tests/sge on one worker: the real clusters are session
   fixtures that hold their harness's lock until the worker ends, so a second worker would
-  wait for them (CI: 600 s, then an error).
+  wait for them (CI: 600 s, then an error);
+- the longest units first (``UNIT_SECONDS``).
 
 pytest 9.2 names items by a structured id, and xdist 3.8's ``loadgroup`` (which rewrites
 ``item._nodeid``) no longer groups anything, so the grouping is a scheduler of our own.
@@ -29,11 +30,40 @@ def work_unit(nodeid: str) -> str:
     return "real-clusters" if path.startswith(REAL_CLUSTER_FOLDERS) else path
 
 
+# Seconds of test time per work unit in CI (2026-11-26, tests/ --durations); a unit not
+# listed counts by its folder. The longest units start first, so neither xdist worker is
+# left with a long one at the end (the real clusters ran alone for 5 minutes last).
+UNIT_SECONDS = {
+    "real-clusters": 900,
+    "tests/local/test_bench_smoke.py": 790,
+    "tests/local/test_ps_trainer.py": 650,
+    "tests/local/test_custom_steps.py": 610,
+    "tests/local/test_exact_epochs.py": 510,
+    "tests/local/test_examples_local.py": 400,
+    "tests/local/test_jax_layout.py": 310,
+    "tests/local/test_lookup_layers.py": 300,
+    "tests/local/test_hangs_local.py": 250,
+    "tests/local/test_resilience_local.py": 245,
+    "tests/local/test_allreduce_trainer.py": 175,
+}
+FOLDER_SECONDS = {"local": 30, "unit": 2}
+
+
+def unit_seconds(unit: str) -> float:
+    """The expected test time of a work unit (see UNIT_SECONDS)."""
+    return UNIT_SECONDS.get(unit, FOLDER_SECONDS.get(Path(unit).parent.name, 10))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(str(item.fspath)).parent.name
         if folder in _FOLDER_MARKS:
             item.add_marker(_FOLDER_MARKS[folder])
+    # xdist's workers report this order; the scheduler below keeps it (--no-loadscope-reorder).
+    position = {}
+    for item in items:
+        position.setdefault(work_unit(item.nodeid), len(position))
+    items.sort(key=lambda item: (-unit_seconds(work_unit(item.nodeid)), position[work_unit(item.nodeid)]))
 
 
 @pytest.hookimpl(optionalhook=True)

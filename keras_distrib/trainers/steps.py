@@ -193,15 +193,28 @@ def step_data(x: Any) -> Any:
 
 
 def epoch_logs(model: Any, last: Any) -> dict[str, Any]:
-    """Keras' rule for the logs of an epoch of the model's own steps: the model's metric
-    results, read now over every worker's updates, when their names are the keys the last
-    step returned, else the last step's logs (``Trainer._get_metrics_result_or_logs``)."""
-    logs = pythonify_logs(last)
+    """Keras' rule for the logs of an epoch of the model's own steps
+    (``Trainer._get_metrics_result_or_logs``): when the keys the last step returned are the
+    model's metric names, the metric results, read now over every worker's updates; else the
+    last step's logs. In those, a nested dict of metric results (``compile_metrics``) is read
+    over every worker too, while a value the step returned at its top level stays its own
+    (``{"compile_metrics": ..., "loss": loss + 100}`` reports loss + 100, as Keras does)."""
     try:
         metric_logs = pythonify_logs(model.get_metrics_result())
     except Exception:  # noqa: BLE001 - an unbuilt metric: keep the step's own logs
         metric_logs = {}
-    return metric_logs if metric_logs and set(metric_logs) == set(logs) else logs
+    if not isinstance(last, dict):
+        return pythonify_logs(last)
+    # The raw keys, as Keras compares them: flattened, a nested "loss" would hide the step's own.
+    if metric_logs and set(last) == set(metric_logs):
+        return metric_logs
+    logs: dict[str, Any] = {}
+    for key, value in sorted(last.items()):  # Keras' flattening order: a later key overrides
+        flat = pythonify_logs(value if isinstance(value, dict) else {key: value})
+        if isinstance(value, dict):
+            flat = {k: metric_logs.get(k, v) for k, v in flat.items()}
+        logs.update(flat)
+    return logs
 
 
 def step_optimizers(model: Any) -> list[Any]:

@@ -41,9 +41,13 @@ class FirstExample(keras.Model):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.train_calls = counter()
+        # A Keras weight as counter: Keras' assign_add reads and writes it back.
+        self.weight_calls = self.add_weight(shape=(), initializer="zeros", trainable=False,
+                                            aggregation="only_first_replica", name="weight_calls")
 
     def train_step(self, data):
         x, y = data
+        self.weight_calls.assign_add(1.0)
         with tf.GradientTape() as tape:
             y_pred = self(x, training=True)
             loss = self.compute_loss(y=y, y_pred=y_pred)
@@ -193,6 +197,21 @@ def make(cls, **compile_kw):
     return model
 
 
+class OwnLoss(FirstExample):
+    """A step that reports its own loss beside the compiled metrics: Keras' History shows
+    the step's loss + 100, and the compiled mae as read at the epoch's end."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        self.train_calls.assign_add(1)
+        return {"compile_metrics": self.compute_metrics(x, y, y_pred), "loss": loss + 100.0}
+
+
 def make_gan():
     keras.utils.set_random_seed(1)
     latent = 4
@@ -221,12 +240,14 @@ def run() -> dict:
         model = make(FirstExample)
     h = keras_distrib.fit(model, X, Y, **fit)
     out["first"] = {"history": history(h), "calls": int(model.train_calls.numpy()),
+                    "weight_calls": int(model.weight_calls.numpy()),
                     "iterations": int(model.optimizer.iterations.numpy())}
 
     with strategy.scope():  # steps_per_epoch: repeated shards, exactly that many of the user's steps
-        model = make(FirstExample)
+        model = make(OwnLoss)
     h = keras_distrib.fit(model, X, Y, epochs=2, steps_per_epoch=5, batch_size=16, verbose=0)
     out["first_steps_per_epoch"] = {"calls": int(model.train_calls.numpy()), "epochs": len(h.history["loss"])}
+    out["own_loss"] = {"history": history(h)}
 
     with strategy.scope():
         model = make(LowerLevel, loss=None, metrics=None)

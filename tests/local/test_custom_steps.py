@@ -73,11 +73,17 @@ def check(result: dict[str, Any], ref: dict[str, Any], layout: str, workers: int
 
     first = result["first"]
     assert first["calls"] == first["iterations"] == EPOCHS * train_steps  # the user's step ran, every step
+    assert first["weight_calls"] == first["calls"]  # a Keras weight's increments, none lost between workers
     for key, tol in (("loss", 0.01), ("mae", 0.02)):
         assert abs(first["history"][key][-1] - ref["first"]["history"][key][-1]) < tol, (key, first, ref["first"])
     assert first["history"]["loss"][-1] < first["history"]["loss"][0] / 10  # it trained
 
     assert result["first_steps_per_epoch"] == {"calls": 10, "epochs": 2}
+    # The step's own loss (+100) beside compile_metrics, which hold a "loss" too: History has
+    # the step's, as plain Keras has (it used to show the compiled loss tracker's, about 1).
+    for own_loss in (result["own_loss"]["history"], ref["own_loss"]["history"]):
+        assert set(own_loss) == {"loss", "mae"} and all(100.0 <= v < 200.0 for v in own_loss["loss"]), own_loss
+        assert all(0.0 < v < 10.0 for v in own_loss["mae"]), own_loss
 
     lower = result["lower"]["history"]  # own trackers, no compiled loss, +100 in the reported loss
     assert all(v >= 100.0 for v in lower["loss"]), lower
