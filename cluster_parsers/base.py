@@ -104,6 +104,16 @@ class ClusterParser(ABC):
     detect_vars: tuple[str, ...] = ()
     #: How to start one agent task per node under this scheduler (shown in HINTs).
     agent_launch_hint: str = "start one keras_distrib agent per node."
+    #: The variables holding the job id, the first one set wins.
+    job_id_vars: tuple[str, ...] = ()
+    #: The variable holding the step id, where the scheduler has steps inside a job.
+    step_id_var: str | None = None
+    #: The command that requeues the job, given its id (None: the scheduler has none).
+    requeue_command: tuple[str, ...] | None = None
+    #: The exit code that makes the scheduler run the job again itself (SGE: 99).
+    reschedule_exit_code: int | None = None
+    #: The command that ends the step (or job) given "JOB[.STEP]": what a lost node holds.
+    end_command: tuple[str, ...] | None = None
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self.env: Mapping[str, str] = os.environ if environ is None else environ

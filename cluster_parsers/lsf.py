@@ -20,13 +20,15 @@ class LsfParser(ClusterParser):
     detect_vars = ("LSB_JOBID",)
     agent_launch_hint = "start one agent per host: jsrun -r1 -a1 python -m keras_distrib.lsf ..."
 
-    job_id_var = "LSB_JOBID"
+    job_id_vars = ("LSB_JOBID",)
+    requeue_command = ("brequeue",)
+    end_command = ("bkill",)
     hostfile_var = "LSB_DJOB_HOSTFILE"
     mcpu_hosts_var = "LSB_MCPU_HOSTS"
     gpu_vars = ("CUDA_VISIBLE_DEVICES",)
 
     def parse(self) -> JobInfo:
-        _, job_id = self.require(self.job_id_var, hint="submit with bsub -n N ...")
+        _, job_id = self.require(*self.job_id_vars, hint="submit with bsub -n N ...")
         slot_hosts, source = self._slot_hosts()
         check_host_names(source, slot_hosts)
         nodes, slots = group_slots(slot_hosts)

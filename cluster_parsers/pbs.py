@@ -14,7 +14,9 @@ class PbsParser(ClusterParser):
     detect_vars = ("PBS_JOBID",)
     agent_launch_hint = "start one agent per node: pbsdsh -u python -m keras_distrib.pbs ... (or mpiexec --map-by ppr:1:node)"
 
-    job_id_var = "PBS_JOBID"
+    job_id_vars = ("PBS_JOBID",)
+    requeue_command = ("qrerun",)
+    end_command = ("qdel",)
     nodefile_var = "PBS_NODEFILE"
     # PBS_VNODENUM is the 0-based slot of a pbsdsh task; PBS_TASKNUM is 1-based.
     slot_rank_var = "PBS_VNODENUM"
@@ -23,7 +25,7 @@ class PbsParser(ClusterParser):
     gpu_vars = ("CUDA_VISIBLE_DEVICES",)
 
     def parse(self) -> JobInfo:
-        _, job_id = self.require(self.job_id_var, hint="submit with qsub, or set PBS_JOBID.")
+        _, job_id = self.require(*self.job_id_vars, hint="submit with qsub, or set PBS_JOBID.")
         _, path = self.require(
             self.nodefile_var, hint="PBS sets PBS_NODEFILE inside a job; submit with qsub -l select=..."
         )

@@ -14,7 +14,9 @@ class SgeParser(ClusterParser):
     detect_vars = ("PE_HOSTFILE", "SGE_ROOT")
     agent_launch_hint = "start one agent per host: qrsh -inherit HOST python -m keras_distrib.sge ... (or mpirun --map-by ppr:1:node)"
 
-    job_id_var = "JOB_ID"
+    job_id_vars = ("JOB_ID",)
+    reschedule_exit_code = 99  # a job script exiting with 99 is rescheduled (qsub -r y)
+    end_command = ("qdel",)
     hostfile_var = "PE_HOSTFILE"
     slots_var = "NSLOTS"
     hosts_var = "NHOSTS"
@@ -23,11 +25,11 @@ class SgeParser(ClusterParser):
     def is_present(self) -> bool:
         # SGE_ROOT alone is set on submit hosts outside jobs; a job also has JOB_ID.
         return bool(self.env.get(self.hostfile_var)) or (
-            "SGE_ROOT" in self.env and self.job_id_var in self.env
+            "SGE_ROOT" in self.env and self.job_id_vars[0] in self.env
         )
 
     def parse(self) -> JobInfo:
-        _, job_id = self.require(self.job_id_var, hint="submit with qsub -pe <pe> N.")
+        _, job_id = self.require(*self.job_id_vars, hint="submit with qsub -pe <pe> N.")
         _, path = self.require(
             self.hostfile_var,
             hint="request a parallel environment: qsub -pe <pe> N (PE_HOSTFILE is only set for PE jobs).",

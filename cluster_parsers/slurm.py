@@ -23,6 +23,10 @@ class SlurmParser(ClusterParser):
     agent_launch_hint = f"start one agent per node: {srun_agents}"
 
     job_id_vars = ("SLURM_JOB_ID", "SLURM_JOBID")
+    step_id_var = "SLURM_STEP_ID"
+    requeue_command = ("scontrol", "requeue")
+    # scancel JOB.STEP ends only the step: a batch script's later commands still run.
+    end_command = ("scancel",)
     # (nodelist, tasks per node, task count): step first, because srun inside an
     # allocation may use fewer nodes than the job (tensorflow#36094).
     step_vars = ("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NUM_TASKS")

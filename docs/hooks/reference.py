@@ -73,17 +73,27 @@ def contract_table() -> str:
 def schedulers() -> str:
     """The built-in parsers in detection order: entry point, what detects them, how to start agents."""
     from cluster_parsers.registry import BUILTIN_PARSERS
-    from keras_distrib.launcher.requeue import COMMANDS, SGE_RESCHEDULE_EXIT
+    def requeue(cls: type) -> str:
+        if cls.reschedule_exit_code is not None:
+            return f"exit code {cls.reschedule_exit_code} ({cls.name.upper()} reschedules the job)"
+        if cls.requeue_command is None:
+            return "nothing (no requeue)"
+        return f"`{' '.join(cls.requeue_command)} ${cls.job_id_vars[0]}`"
 
-    requeue = {name: f"`{' '.join(cmd)} ${var}`" for name, (var, cmd) in COMMANDS.items()}
-    requeue["sge"] = f"exit code {SGE_RESCHEDULE_EXIT} (SGE reschedules the job)"
-    rows = ["| scheduler | entry point | detected by | one agent per node | `--requeue` runs |", "|---|---|---|---|---|"]
+    def ends(cls: type) -> str:
+        if cls.end_command is None:
+            return "nothing"
+        ids = f"${cls.job_id_vars[0]}" + (f".${cls.step_id_var}" if cls.step_id_var else "")
+        return f"`{' '.join(cls.end_command)} {ids}`"
+
+    rows = ["| scheduler | entry point | detected by | one agent per node | `--requeue` runs | a lost node without `--requeue` runs |",
+            "|---|---|---|---|---|---|"]
     for cls in BUILTIN_PARSERS:
         module = REPO / "keras_distrib" / f"{cls.name}.py"
         entry = f"`python -m keras_distrib.{cls.name}`" if module.exists() else "`python -m keras_distrib`"
         detected = ", ".join(f"`{v}`" for v in cls.detect_vars)
         rows.append(f"| `{cls.name}` | {entry} | {detected} | {_cell(cls.agent_launch_hint)} | "
-                    f"{requeue.get(cls.name, 'nothing (no requeue)')} |")
+                    f"{requeue(cls)} | {ends(cls)} |")
     return "\n".join(rows)
 
 

@@ -16,26 +16,20 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 
+from cluster_parsers import ClusterParser, all_parsers
+
 from ..contract import PREEMPTED_EXIT_CODE
 
-#: scheduler -> (job-id variable, requeue command before the id)
-COMMANDS = {
-    "slurm": ("SLURM_JOB_ID", ["scontrol", "requeue"]),
-    "pbs": ("PBS_JOBID", ["qrerun"]),
-    "lsf": ("LSB_JOBID", ["brequeue"]),
-}
-#: An SGE job script that exits with 99 is rescheduled by SGE itself.
-SGE_RESCHEDULE_EXIT = 99
 REQUEUE_TIMEOUT = 30.0
-#: scheduler -> (the variables naming what a lost node holds, the command that ends it).
-#: Slurm cancels only the step (a batch script's later commands still run); elsewhere the
-#: tasks belong to the job itself.
-END_STEP_COMMANDS = {
-    "slurm": (("SLURM_JOB_ID", "SLURM_STEP_ID"), ["scancel"]),
-    "sge": (("JOB_ID",), ["qdel"]),
-    "pbs": (("PBS_JOBID",), ["qdel"]),
-    "lsf": (("LSB_JOBID",), ["bkill"]),
-}
+
+
+def scheduler_class(scheduler: str) -> type[ClusterParser] | None:
+    """The parser class registered as ``scheduler``: its commands and variables are class data."""
+    return {cls.name: cls for cls in all_parsers()}.get(scheduler)
+
+
+def job_id(parser: type[ClusterParser], environ: Mapping[str, str]) -> str | None:
+    return next((environ[v] for v in parser.job_id_vars if environ.get(v)), None)
 
 
 def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, say: Callable[[str], None]) -> int:
@@ -43,21 +37,23 @@ def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, say: Call
     if not enabled:
         say("not requeued (requeue is off: pass --requeue); resubmit the same job to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
-    if scheduler == "sge":
-        say(f"requeueing: exiting with {SGE_RESCHEDULE_EXIT}, which makes SGE reschedule the job (qsub -r y).")
-        return SGE_RESCHEDULE_EXIT
-    if scheduler not in COMMANDS:
+    parser = scheduler_class(scheduler)
+    if parser is not None and parser.reschedule_exit_code is not None:
+        code = parser.reschedule_exit_code
+        say(f"requeueing: exiting with {code}, which makes {scheduler.upper()} reschedule the job.")
+        return code
+    if parser is None or parser.requeue_command is None:
         say(f"cannot requeue: a {scheduler} job is not a batch job; run it again to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
-    variable, command = COMMANDS[scheduler]
-    job_id = environ.get(variable)
-    if not job_id:
-        say(f"cannot requeue: {variable} is not set (not a batch job); resubmit to resume from the checkpoint.")
+    command, job = list(parser.requeue_command), job_id(parser, environ)
+    if not job:
+        say(f"cannot requeue: {' or '.join(parser.job_id_vars)} is not set (not a batch job); resubmit to resume "
+            "from the checkpoint.")
         return PREEMPTED_EXIT_CODE
     if shutil.which(command[0]) is None:
         say(f"cannot requeue: {command[0]!r} is not on PATH (inside a container?); resubmit the job to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
-    argv = [*command, job_id]
+    argv = [*command, job]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=REQUEUE_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -68,17 +64,20 @@ def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, say: Call
         say(f"cannot requeue: {' '.join(argv)} failed ({reason[-1] if reason else f'exit code {done.returncode}'}); "
             "resubmit the job to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
-    say(f"requeued job {job_id} ({' '.join(argv)}); it resumes from the checkpoint when it starts again.")
+    say(f"requeued job {job} ({' '.join(argv)}); it resumes from the checkpoint when it starts again.")
     return 0
 
 
 def end_step(scheduler: str, environ: Mapping[str, str], say: Callable[[str], None]) -> None:
     """Cancel the job step (Slurm) or job this agent runs in, so its launcher returns now."""
-    if scheduler not in END_STEP_COMMANDS:
-        return  # local mode: every agent is on this machine
-    variables, command = END_STEP_COMMANDS[scheduler]
-    missing = [v for v in variables if not environ.get(v)]
-    if missing:
+    parser = scheduler_class(scheduler)
+    if parser is None or parser.end_command is None:
+        return  # no scheduler to ask: local mode, a static hosts file
+    command = list(parser.end_command)
+    ids = [job_id(parser, environ), *([environ.get(parser.step_id_var)] if parser.step_id_var else [])]
+    if not all(ids):
+        names = [" or ".join(parser.job_id_vars)] + ([parser.step_id_var] if parser.step_id_var else [])
+        missing = [name for name, value in zip(names, ids) if not value]
         say(f"cannot end the step: {', '.join(missing)} not set. HINT: the scheduler ends it once it gives the "
             "node up; cancel it yourself to return sooner.")
         return
@@ -86,7 +85,7 @@ def end_step(scheduler: str, environ: Mapping[str, str], say: Callable[[str], No
         say(f"cannot end the step: {command[0]!r} is not on PATH. HINT: the scheduler ends it once it gives the "
             "node up; cancel it yourself to return sooner.")
         return
-    argv = [*command, ".".join(environ[v] for v in variables)]
+    argv = [*command, ".".join(ids)]
     say(f"ending the step ({' '.join(argv)}) so the launcher does not wait for the lost node.")
     try:
         # The command may signal this very process (it is one of the step's tasks): the

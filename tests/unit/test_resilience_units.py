@@ -31,7 +31,8 @@ from keras_distrib.checkpoints import (
 )
 from keras_distrib.contract import PREEMPTED_EXIT_CODE
 from keras_distrib.launcher.options import Options, validate
-from keras_distrib.launcher.requeue import SGE_RESCHEDULE_EXIT, end_step, requeue
+from cluster_parsers.sge import SgeParser
+from keras_distrib.launcher.requeue import end_step, requeue
 from keras_distrib.launcher.restarts import restart_line, restart_targets
 from keras_distrib.plan import build_plan
 from cluster_parsers import ClusterConfigError, JobInfo
@@ -213,11 +214,11 @@ def test_requeue_off_or_impossible_says_why(monkeypatch: pytest.MonkeyPatch, tmp
     assert requeue("static", {}, True, lines.append) == PREEMPTED_EXIT_CODE
     assert "not a batch job" in lines[-1]
     assert requeue("slurm", {}, True, lines.append) == PREEMPTED_EXIT_CODE
-    assert "SLURM_JOB_ID is not set" in lines[-1]
+    assert "SLURM_JOB_ID or SLURM_JOBID is not set" in lines[-1]
     monkeypatch.setenv("PATH", str(tmp_path))
     assert requeue("slurm", {"SLURM_JOB_ID": "7"}, True, lines.append) == PREEMPTED_EXIT_CODE
     assert "'scontrol' is not on PATH" in lines[-1]
-    assert requeue("sge", {"JOB_ID": "7"}, True, lines.append) == SGE_RESCHEDULE_EXIT
+    assert requeue("sge", {"JOB_ID": "7"}, True, lines.append) == SgeParser.reschedule_exit_code == 99
 
 
 @pytest.mark.parametrize("scheduler, variable, command, ok", [
