@@ -6,7 +6,9 @@
 * Files are dealt the same way (file ``i`` of the sorted list to shard ``i % k``); fewer
   files than shards is an error because some worker would get no data.
 * Batches of a source that is already batched (a batched ``tf.data.Dataset``, a Keras
-  ``PyDataset``) are dealt the same way: batch ``b`` to shard ``b % k``.
+  ``PyDataset``) are dealt the same way in the parameter-server layouts: batch ``b`` to
+  shard ``b % k``. All-reduce reads them as one shard and cuts every batch into one slice
+  per replica (the input's batch is the global batch: trainers/allreduce.py).
 * Shuffling is seeded per shard and epoch (`Order`): workers draw different orders,
   reproducibly, and each epoch a new one.
 """

@@ -95,6 +95,62 @@ def _with_padding(ds: Any, endless: bool = False) -> Any:
     return real_ds.concatenate(real_ds.take(1).map(pad).repeat())
 
 
+def _replica_slices(ds: Any, pipeline: int, pipelines: int, local: int, *, masked: bool, endless: bool,
+                    method: str = "") -> Any:
+    """This input pipeline's part of every global batch of ``ds``, one element per local replica.
+
+    The batch the user's input states is the global batch: it is cut into ``pipelines *
+    local`` slices of near-equal size (replica ``r`` gets rows ``[r*n//R, (r+1)*n//R)``).
+    ``masked``: ``(slice, real_mask)`` pairs as `_with_padding` gives, an empty slice (a batch
+    of fewer rows than replicas) replaced by the batch's first row at weight 0, and the
+    padding tail unless ``endless``. Else (the model's own step, which gets no padding) an
+    empty slice stops the epoch with an error naming ``method``.
+    """
+    import tensorflow as tf
+
+    total = pipelines * local
+
+    def cut(*batch: Any) -> Any:
+        batch = batch[0] if len(batch) == 1 else batch
+        n = tf.shape(tf.nest.flatten(batch)[0])[0]
+        parts = {}
+        for j in range(local):
+            r = pipeline * local + j
+            start, end = (r * n) // total, ((r + 1) * n) // total
+            if masked:
+                empty = tf.equal(start, end)
+                part = tf.nest.map_structure(
+                    lambda t, s=start, e=end, m=empty: tf.cond(m, lambda: t[:1], lambda: t[s:e]), batch)
+                mask = tf.cond(empty, lambda: tf.zeros([1], tf.float32),
+                               lambda s=start, e=end: tf.ones([e - s], tf.float32))
+                parts[f"r{j}"] = (part, mask)
+            else:
+                check = tf.debugging.assert_less(
+                    start, end, message=f"the model's own {method} got a batch with fewer examples than the "
+                    f"{total} replicas, so a replica would get an empty batch. HINT: batch with "
+                    "drop_remainder=True, or pass steps_per_epoch= (the dataset then repeats).")
+                with tf.control_dependencies([check]):
+                    parts[f"r{j}"] = tf.nest.map_structure(lambda t, s=start, e=end: tf.identity(t[s:e]), batch)
+        return parts
+
+    sliced = ds.map(cut)  # in order: every worker must slice the same batch at the same step
+    if local == 1:
+        out = sliced.map(lambda parts: parts["r0"])
+    else:
+        def each(parts: Any) -> Any:
+            streams = [tf.data.Dataset.from_tensors(parts[f"r{j}"]) for j in range(local)]
+            joined = streams[0]
+            for s in streams[1:]:
+                joined = joined.concatenate(s)
+            return joined
+
+        out = sliced.flat_map(each)
+    if not masked or endless:
+        return out
+    pad = lambda batch, mask: (tf.nest.map_structure(lambda t: t[:1], batch), tf.zeros([1], tf.float32))  # noqa: E731
+    return out.concatenate(out.take(1).map(pad).repeat())
+
+
 def equal_batches(n: int, batches: int, batch: int) -> list[int]:
     """Sizes of ``batches`` non-empty batches of at most ``batch`` of ``n`` examples: full
     batches first, the last ones shorter (needs ``batches <= n <= batches * batch``)."""
@@ -125,15 +181,8 @@ def own_step_batches(source: Any, *, pipelines: int, replicas: int, per_replica:
         raise TrainerError(
             f"the model's own {method} needs every worker to run the same number of steps over real "
             f"batches, and the size of this input is unknown. {hint}")
-    if source.batched:
-        counts = kd_data.shard_sizes(n, pipelines)
-        if len(set(counts)) > 1 or counts[0] % local or counts[0] == 0:
-            raise TrainerError(
-                f"the model's own {method} needs every worker to run the same number of steps over real "
-                f"batches: {n} batches over {pipelines} worker(s) x {local} replica(s) leave some replica "
-                f"without a batch at the last step. {hint} Or give a number of batches divisible by "
-                f"{pipelines * local}.")
-        return counts[0] // local, None
+    if source.batched:  # every replica gets a slice of every batch (_replica_slices)
+        return n, None
     shards = kd_data.shard_sizes(n, pipelines)
     steps = max(math.ceil(math.ceil(s / per_replica) / local) for s in shards)
     if min(shards) < steps * local:
@@ -157,22 +206,29 @@ class EpochInput:
         self.strategy, self.source, self.repeat = strategy, source, repeat
         self._options = dict(batch_size=per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
         self.sample = kd_data.pipeline(source, 0, 1, **self._options, epoch=0)
-        workers = max(1, strategy.num_replicas_in_sync)
-        per_shard = steps_for_shards(source.num_examples, workers, None if source.batched else per_replica)
-        # Lockstep: the longest shard decides how many steps an epoch has.
-        self.steps = None if per_shard is None else max(per_shard)
+        workers = self.replicas = max(1, strategy.num_replicas_in_sync)
         #: Every step's examples over all replicas when no batch can be short or missing
         #: (repeated shards, none empty, of unbatched data or of batches whose size is
         #: static, as after ``drop_remainder=True``), else None: each step counts them.
-        batch = per_replica if not source.batched else _static_batch_size(self.sample)
-        self.full_batch = (batch * workers if repeat and batch and per_shard is not None and min(per_shard) > 0
-                           else None)
-        if source.num_examples is not None and source.num_examples < workers:
+        if source.batched:
+            # The input's batch is the global batch: every worker reads every batch and takes
+            # its replicas' slices of it (_replica_slices), one step per batch.
+            self.steps = source.num_examples
+            batch = _static_batch_size(self.sample)
+            self.full_batch = (batch if repeat and batch and batch >= workers and source.num_examples else None)
+        else:
+            per_shard = steps_for_shards(source.num_examples, workers, per_replica)
+            # Lockstep: the longest shard decides how many steps an epoch has.
+            self.steps = None if per_shard is None else max(per_shard)
+            self.full_batch = (per_replica * workers if repeat and per_shard is not None and min(per_shard) > 0
+                               else None)
+        if not source.batched and source.num_examples is not None and source.num_examples < workers:
             raise TrainerError(
                 f"{source.num_examples} elements cannot feed {workers} workers (each needs at "
                 "least one). HINT: use more data or fewer workers."
             )
         self.own_step = own_step is not None
+        self._method = own_step[1] if own_step is not None else ""
         self._sizes: list[list[int]] | None = None
         if own_step is not None:
             pipelines, method = own_step
@@ -186,6 +242,12 @@ class EpochInput:
             return self._persistent
 
         def dataset_fn(ctx: Any) -> Any:
+            if self.source.batched:
+                ds = kd_data.pipeline(self.source, 0, 1, **self._options, epoch=epoch)
+                local = max(1, self.replicas // ctx.num_input_pipelines)
+                return _replica_slices(ds, ctx.input_pipeline_id, ctx.num_input_pipelines, local,
+                                       masked=not self.own_step, endless=self.full_batch is not None,
+                                       method=self._method)
             ds = kd_data.pipeline(self.source, ctx.input_pipeline_id, ctx.num_input_pipelines,
                                   **self._options, epoch=epoch)
             if self.own_step:  # the user's batches as they are (see own_step_batches)

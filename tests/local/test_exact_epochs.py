@@ -206,8 +206,6 @@ def run_grid(tmp_path: Path, layout: str, workers: int, cases: list[list[Any]]) 
 
     script = tmp_path / "grid.py"
     script.write_text(SCRIPT)
-    if layout == "allreduce":  # fewer whole batches than workers is refused (see the README)
-        cases = [c for c in cases if c[0] not in ("batched", "shuffled") or -(-c[1] // c[2]) >= workers]
     os.environ.setdefault("REPO", str(REPO))
     procs = run_script_cluster(script, [json.dumps(cases), str(tmp_path), str(EPOCHS)], num_workers=workers,
                                num_ps=1 if layout != "allreduce" else 0, layout=layout, timeout=1500)

@@ -96,8 +96,8 @@ ref.set_weights(start)
 ref_losses = [float(ref.train_on_batch(x[cycle[s:s + 8]], y[cycle[s:s + 8]])) for s in range(0, 24, 8)]
 results.append({"batch_norm": False, "n": "repeat", "weights": compare(model, ref),
                 "loss": hist.history["loss"][0], "want_loss": float(np.mean(ref_losses))})
-# The same over a batched dataset of static batch size (drop_remainder=True): 2 batches of 4,
-# one per replica, repeated: every step is x[0:8].
+# The same over a batched dataset of static batch size (drop_remainder=True): its batch of 4
+# is the global batch, 2 examples per replica; repeated, the steps are x[0:4], x[4:8], x[0:4].
 with strategy.scope():
     model = make(False)
 start = [v.numpy() for v in model.weights]
@@ -106,7 +106,7 @@ hist = keras_distrib.fit(model, batches, epochs=1, steps_per_epoch=3, shuffle=Fa
                          strategy=strategy, steps_per_execution=2)
 ref = make(False)
 ref.set_weights(start)
-ref_losses = [float(ref.train_on_batch(x[:8], y[:8])) for _ in range(3)]
+ref_losses = [float(ref.train_on_batch(x[s:s + 4], y[s:s + 4])) for s in (0, 4, 0)]
 results.append({"batch_norm": False, "n": "repeat_batched", "weights": compare(model, ref),
                 "loss": hist.history["loss"][0], "want_loss": float(np.mean(ref_losses))})
 print(json.dumps({"results": results}), flush=True)

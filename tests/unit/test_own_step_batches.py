@@ -53,12 +53,11 @@ def test_every_pipeline_yields_the_same_real_batches_or_refuses(n: int, pipeline
     assert steps == max(math.ceil(math.ceil(s / per_replica) / local) for s in shards)
 
 
-def test_batched_inputs_need_a_divisible_number_of_batches() -> None:
-    assert own_step_batches(FakeSource(12, batched=True), pipelines=3, replicas=3, per_replica=None,
-                            repeat=False, method="test_step") == (4, None)
-    with pytest.raises(TrainerError, match="13 batches over 3 worker"):
-        own_step_batches(FakeSource(13, batched=True), pipelines=3, replicas=3, per_replica=None,
-                         repeat=False, method="test_step")
+def test_batched_inputs_are_one_step_per_global_batch() -> None:
+    """The input's batch is the global batch: every replica gets a slice of each."""
+    for batches, pipelines, replicas in ((12, 3, 3), (13, 3, 3), (1, 2, 4)):
+        assert own_step_batches(FakeSource(batches, batched=True), pipelines=pipelines, replicas=replicas,
+                                per_replica=None, repeat=False, method="test_step") == (batches, None)
     with pytest.raises(TrainerError, match="unknown"):
         own_step_batches(FakeSource(None, batched=True), pipelines=2, replicas=2, per_replica=None,
                          repeat=False, method="test_step")
