@@ -190,7 +190,8 @@ KINDS = ["numpy", "batched", "unbatched", "shuffled", "files", "files_parse_batc
 # over 2 all-reduce workers (shards 225/224 -> 15 and 14 batches of 16) needs padding (issue
 # 14 item 1); 31 x 30 over 3 workers: shards 11/10/10 in batches of 10 -> 2, 1, 1.
 MAIN = [[k, 1347, 32] for k in KINDS] + [[k, n, b] for k in ("numpy", "shuffled") for n, b in ((1001, 7), (449, 32), (64, 32))]
-# Keras' PyDataset, dealt by batch index (43 and 15 batches; 4 batches over 3 workers: 2, 1, 1).
+# Keras' PyDataset, dealt by batch index in the ps layouts (43 and 15 batches; 4 batches over 3
+# workers: 2, 1, 1), sliced per replica in all-reduce (its batch is the global batch).
 MAIN += [["pydataset", 1347, 32], ["pydataset_threads", 449, 32]]
 # Data of unknown size without steps_per_epoch (issue 30): counted in one pass, then exact.
 MAIN += [["tfrecord_unknown_size", 449, 32]]
