@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
 
 #: What a Python generator or iterator can become instead (every layout).
-_ITERATOR_HINT = ("HINT: wrap it as a keras.utils.PyDataset (indexable: batch b goes to worker b % k), as "
+_ITERATOR_HINT = ("HINT: wrap it as a keras.utils.PyDataset (indexable, so keras_distrib can share its batches out), as "
                   "tf.data.Dataset.from_generator(...) (every worker rebuilds it and keeps element i % k, so it "
                   "must yield the same elements on every worker), or pass arrays.")
 
