@@ -128,7 +128,7 @@ def _replica_slices(ds: Any, pipeline: int, pipelines: int, local: int, *, maske
                 check = tf.debugging.assert_less(
                     start, end, message=f"the model's own {method} got a batch with fewer examples than the "
                     f"{total} replicas, so a replica would get an empty batch. HINT: batch with "
-                    "drop_remainder=True, or pass steps_per_epoch= (the dataset then repeats).")
+                    f"drop_remainder=True, or pick a batch size that leaves at least {total} examples in the last batch.")
                 with tf.control_dependencies([check]):
                     parts[f"r{j}"] = tf.nest.map_structure(lambda t, s=start, e=end: tf.identity(t[s:e]), batch)
         return parts
