@@ -222,10 +222,10 @@ class Trainer:
         return ChunkHooks(before=begin, after=after, stop=stop, checkpoint_due=checkpoint_due,
                           checkpoint_now=checkpoint_now)
 
-    def _logs(self, totals: Totals) -> dict[str, Any]:
+    def _logs(self, totals: Totals, method: str = "train_step") -> dict[str, Any]:
         """The logs of a finished epoch / evaluation (the model's own step: Keras' rule)."""
         if totals.last is not None:
-            return step_contract.epoch_logs(self.model, totals.last)
+            return step_contract.epoch_logs(self.model, totals.last, method)
         return totals.logs(self.metrics)
 
     def _reset_model_metrics(self, training: bool) -> None:
@@ -238,7 +238,7 @@ class Trainer:
         callbacks.on_test_begin()
         self._reset_model_metrics(training=False)
         totals = self._run(inp, 0, training=False, steps=steps, hooks=self._hooks(callbacks, 0, training=False))
-        logs = self._logs(totals)
+        logs = self._logs(totals, "test_step")
         callbacks.on_test_end(logs)
         return {prefix + k: v for k, v in logs.items()}
 

@@ -12,6 +12,7 @@ Nothing here imports TensorFlow at import time.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 from ._common import TrainerError
@@ -99,13 +100,63 @@ def compiled(fn: Callable[..., Any], *, convert: bool = True, retrace_less: bool
     return tf.function(fn, reduce_retracing=retrace_less)
 
 
+#: model -> {step method: {top-level key of what the step returns: the metric whose
+#: ``result()`` it is}}, found when the step is traced (`noting_metric_results`).
+_RESULT_KEYS: "weakref.WeakKeyDictionary[Any, dict[str, dict[str, str]]]" = weakref.WeakKeyDictionary()
+
+
+def noting_metric_results(step: Callable[[Any], Any], run: Callable[[Callable[[Any], Any], Any], Any] | None = None
+                          ) -> Callable[[Any], Any]:
+    """``data -> run(step, data)`` (``run`` default: a plain call; the trainers pass
+    ``strategy.run``), noting which top-level values the model's bound train_step/test_step
+    ``step`` returns are a metric's ``result()`` as it gave them: those are read over every
+    worker at the epoch's end (`epoch_logs`), the others are the step's own. The metrics are
+    patched around the whole ``run``, not per replica: replicas run in threads at once."""
+    model, name = getattr(step, "__self__", None), getattr(step, "__name__", "")
+    run = run or (lambda fn, data: fn(data))
+    if model is None:
+        return lambda data: run(step, data)
+
+    def noting(data: Any) -> Any:
+        made: dict[int, str] = {}
+        returned: list[Any] = []
+
+        def stepping(batch: Any) -> Any:
+            out = step(batch)
+            returned.append(out)
+            return out
+
+        metrics = list(getattr(model, "metrics", []))
+        for metric in metrics:
+            def result(*args: Any, _metric: Any = metric, _own: Any = metric.result, **kwargs: Any) -> Any:
+                value = _own(*args, **kwargs)
+                if not isinstance(value, dict):
+                    made[id(value)] = _metric.name
+                return value
+
+            object.__setattr__(metric, "result", result)
+        try:
+            out = run(stepping, data)
+        finally:
+            for metric in metrics:
+                object.__delattr__(metric, "result")
+        if returned and isinstance(returned[0], dict):
+            keys = {k: made[id(v)] for k, v in returned[0].items() if not isinstance(v, dict) and id(v) in made}
+            _RESULT_KEYS.setdefault(model, {})[name] = keys
+        return out
+
+    return noting
+
+
 def compiled_step(step: Callable[[Any], Any], strategy: Any, reduce: Callable[[Any], Any] | None = None) -> Any:
     """``data -> reduce(strategy.run(step, data))`` as a tf.function, as Keras compiles its
     ``one_step_on_data``: traced once (the user's Python runs at trace time, as in Keras)
     and called from the trainers' chunk functions. Not converted by AutoGraph, as in Keras
     (its ``do_not_convert``): the user's step is traced as the Python it is."""
+    noted = noting_metric_results(step, lambda fn, data: strategy.run(fn, args=(data,)))
+
     def one_step(data: Any) -> Any:
-        out = strategy.run(step, args=(data,))
+        out = noted(data)
         return out if reduce is None else reduce(out)
 
     return compiled(one_step, convert=False, retrace_less=True)
@@ -192,12 +243,13 @@ def step_data(x: Any) -> Any:
     return (x,) if isinstance(x, (list, tuple)) else x
 
 
-def epoch_logs(model: Any, last: Any) -> dict[str, Any]:
+def epoch_logs(model: Any, last: Any, method: str = "train_step") -> dict[str, Any]:
     """Keras' rule for the logs of an epoch of the model's own steps
     (``Trainer._get_metrics_result_or_logs``): when the keys the last step returned are the
     model's metric names, the metric results, read now over every worker's updates; else the
-    last step's logs. In those, a nested dict of metric results (``compile_metrics``) is read
-    over every worker too, while a value the step returned at its top level stays its own
+    last step's logs. In those, a metric's result (a value the step returned as
+    ``metric.result()`` gave it, or a nested dict of results such as ``compile_metrics``) is
+    read now over every worker too, while a value the step computed itself stays its own
     (``{"compile_metrics": ..., "loss": loss + 100}`` reports loss + 100, as Keras does)."""
     try:
         metric_logs = pythonify_logs(model.get_metrics_result())
@@ -208,12 +260,14 @@ def epoch_logs(model: Any, last: Any) -> dict[str, Any]:
     # The raw keys, as Keras compares them: flattened, a nested "loss" would hide the step's own.
     if metric_logs and set(last) == set(metric_logs):
         return metric_logs
+    results = _RESULT_KEYS.get(model, {}).get(method, {})
     logs: dict[str, Any] = {}
     for key, value in sorted(last.items()):  # Keras' flattening order: a later key overrides
-        flat = pythonify_logs(value if isinstance(value, dict) else {key: value})
         if isinstance(value, dict):
-            flat = {k: metric_logs.get(k, v) for k, v in flat.items()}
-        logs.update(flat)
+            logs.update({k: metric_logs.get(k, v) for k, v in pythonify_logs(value).items()})
+        else:
+            own = pythonify_logs({key: value})[key]
+            logs[key] = metric_logs.get(results[key], own) if key in results else own
     return logs
 
 

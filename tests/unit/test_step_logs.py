@@ -57,3 +57,54 @@ def test_own_names_stay_and_unbuilt_metrics_keep_the_step_logs() -> None:
             raise ValueError("metric not built")
 
     assert epoch_logs(Unbuilt(), {"compile_metrics": {"mae": 0.8}, "loss": 1.0}) == {"mae": 0.8, "loss": 1.0}
+
+
+class Box:
+    """A fresh object per result() call, as a metric's result tensor is."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __float__(self) -> float:
+        return self.value
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        import numpy as np
+
+        return np.asarray(self.value, dtype=dtype)
+
+
+class FakeMetric:
+    def __init__(self, name: str, value: float) -> None:
+        self.name, self.value = name, value
+
+    def result(self) -> Box:
+        return Box(self.value)
+
+
+class ModelWithSteps(FakeModel):
+    def __init__(self) -> None:
+        super().__init__({"loss": 0.5, "mae": 0.25})
+        self.metrics = [FakeMetric("loss", 0.9), FakeMetric("mae", 0.8)]
+
+    def test_step(self, data: Any) -> dict[str, Any]:
+        """The guide's custom test_step returns the metrics' results as they are."""
+        return {"loss": self.metrics[0].result(), "compile_metrics": {"mae": self.metrics[1].result()}}
+
+    def train_step(self, data: Any) -> dict[str, Any]:
+        """Its own loss under the tracker's name: not a result."""
+        return {"loss": Box(100.7), "compile_metrics": {"mae": self.metrics[1].result()}}
+
+
+def test_a_metric_result_returned_at_the_top_level_is_read_over_every_worker() -> None:
+    """A value returned as ``metric.result()`` gave it is that metric's, read at the end over
+    every worker (a step's snapshot raced other workers' updates: val_loss 862 for 1000+);
+    a value the step computed stays its own."""
+    from keras_distrib.trainers.steps import noting_metric_results
+
+    model = ModelWithSteps()
+    last_test = noting_metric_results(model.test_step)(None)
+    last_train = noting_metric_results(model.train_step)(None)
+    assert "result" not in vars(model.metrics[0])  # the metrics are as they were
+    assert epoch_logs(model, last_test, "test_step") == {"loss": 0.5, "mae": 0.25}
+    assert epoch_logs(model, last_train, "train_step") == {"loss": 100.7, "mae": 0.25}
