@@ -86,12 +86,18 @@ def _with_padding(ds: Any, endless: bool = False) -> Any:
         n = tf.shape(tf.nest.flatten(batch)[0])[0]
         return batch, tf.ones([n], tf.float32)
 
+    real_ds = ds.map(real)
+    return real_ds if endless else _then_padding(real_ds)
+
+
+def _then_padding(real_ds: Any) -> Any:
+    """``(batch, real_mask)`` batches of ``real_ds``, then endless copies of its first batch's
+    first row at weight 0."""
+    import tensorflow as tf
+
     def pad(batch: Any, mask: Any) -> Any:
         return tf.nest.map_structure(lambda t: t[:1], batch), tf.zeros([1], tf.float32)
 
-    real_ds = ds.map(real)
-    if endless:
-        return real_ds
     return real_ds.concatenate(real_ds.take(1).map(pad).repeat())
 
 
@@ -145,10 +151,7 @@ def _replica_slices(ds: Any, pipeline: int, pipelines: int, local: int, *, maske
             return joined
 
         out = sliced.flat_map(each)
-    if not masked or endless:
-        return out
-    pad = lambda batch, mask: (tf.nest.map_structure(lambda t: t[:1], batch), tf.zeros([1], tf.float32))  # noqa: E731
-    return out.concatenate(out.take(1).map(pad).repeat())
+    return out if not masked or endless else _then_padding(out)
 
 
 def equal_batches(n: int, batches: int, batch: int) -> list[int]:
