@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 #: /proc states of a process that cannot progress by itself.
 STOPPED = frozenset("Tt")  # SIGSTOP / job control, or stopped under a tracer
 BLOCKED = frozenset("D")  # uninterruptible sleep: I/O that does not come back (dead NFS mount)
+#: How long a process must stay in ``D`` before a peer's exit is blamed on it.
+BLOCKED_PROOF_SECONDS = 2.0
 #: A SCRIPT's limit is at least this many times its longest healthy gap between two counts.
 GAP_FACTOR = 3.0
 #: How long py-spy may take on one process.
@@ -63,6 +65,21 @@ def proc_state(pid: int) -> str | None:
         return None
     # The command name (2nd field) may hold spaces and parentheses: the state follows the last ')'.
     return stat[stat.rfind(b")") + 2:][:1].decode() or None
+
+
+def stays_blocked(pid: int, seconds: float | None = None, every: float = 0.05) -> bool:
+    """``pid`` is in uninterruptible sleep at every look for ``seconds``.
+
+    One look proves nothing: a busy process passes through ``D`` on every page it reads
+    from a loaded disk (CI saw a peer failing its collective in ``folio_wait_bit_common``).
+    """
+    deadline = time.monotonic() + (BLOCKED_PROOF_SECONDS if seconds is None else seconds)
+    while True:
+        if proc_state(pid) not in BLOCKED:
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(every)
 
 
 def _wchan(pid: int, tid: int | None = None) -> str:
@@ -468,7 +485,7 @@ class HangGuard:
             return local, f"{why} (state: {state}); its Python stacks: {self.keep(local, why)}"
         for child in alive:
             letter = proc_state(child.popen.pid)
-            if letter in STOPPED or letter in BLOCKED:
+            if letter in STOPPED or (letter in BLOCKED and stays_blocked(child.popen.pid)):
                 state = describe_state(child.popen.pid, letter)
                 return child, f"made no progress (state: {state}); its Python stacks: {self.keep(child, 'is frozen')}"
         return None

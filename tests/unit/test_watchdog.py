@@ -397,3 +397,26 @@ def test_a_straggler_is_named_after_two_slow_epochs() -> None:
     assert epoch_line(second, 3, first).endswith("; worker 1 is a straggler: 0.30x the others' steps/s for 2 epochs")
     assert "straggler" not in epoch_line(third, 3, second)
     assert "straggler" not in epoch_line(second, 3, None)  # the first epoch of a fit: no judgment
+
+
+def test_blame_needs_a_lasting_disk_sleep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI: a peer failing its own collective was seen once in D (a page read on a loaded disk)
+    and blamed for process 0's deliberate exit; one look at D is not a freeze."""
+    from cluster_parsers import JobInfo
+    from keras_distrib.launcher import watchdog
+    from keras_distrib.plan import build_plan
+
+    plan = build_plan(JobInfo("local", "1", ("local0", "local1"), (1, 1)), "allreduce", hosts={"local0": "127.0.0.1", "local1": "127.0.0.1"})
+    w0, w1 = plan.processes
+    failed = _Child(w0, 1, ended=True, tail=(b"SystemExit: 3\n",))
+    looks = iter(["D", "D", "R"])
+    monkeypatch.setattr(watchdog, "proc_state", lambda pid: next(looks, "S"))
+    monkeypatch.setattr(watchdog, "BLOCKED_PROOF_SECONDS", 0.3)
+    assert guard_over([failed, _Child(w1, os.getpid())], plan, tmp_path).blame(failed) is None
+    assert not watchdog.stays_blocked(os.getpid(), 0.3)  # (the patched looks ran out: "S")
+    # Always D: blamed, after the proof.
+    monkeypatch.setattr(watchdog, "proc_state", lambda pid: "D")
+    monkeypatch.setattr(watchdog, "dump_stacks", lambda pid, path, what: "not kept: test")
+    assert watchdog.stays_blocked(os.getpid(), 0.3)
+    culprit, what = guard_over([failed, _Child(w1, os.getpid())], plan, tmp_path).blame(failed)
+    assert culprit.proc is w1 and what.startswith("made no progress (state: uninterruptible disk sleep")
