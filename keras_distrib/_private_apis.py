@@ -1,5 +1,5 @@
-"""Every private Keras/TensorFlow API the jax layouts use (jax_distribution.py), each with the
-upstream limitation it works around. Nothing else in keras_distrib outside the trainers'
+"""Every private Keras/TensorFlow API the jax layouts (jax_distribution.py) and the servers
+(servers.py) use, each with the upstream limitation it works around. Nothing else in keras_distrib outside the trainers'
 own fence (trainers/_private_apis.py) touches a private name (tests/unit/
 test_import_boundaries.py checks it), so an upgrade only has to re-check the fenced modules
 against `TESTED_VERSIONS`.
@@ -91,3 +91,59 @@ def write_backups_to(callback: Any, directory: str) -> None:
     callback._training_metadata_path = os.path.join(directory, "training_metadata.json")
     callback._prev_weights_path = f"{callback._weights_path}.bkp"
     callback._prev_training_metadata_path = f"{callback._training_metadata_path}.bkp"
+
+
+def server_runtime() -> tuple[Any, Any, Any]:
+    """``(Server, ClusterSpec, list_physical_devices)`` for a process that only serves.
+
+    Upstream: ``import tensorflow`` runs the package's ``__init__``, which imports the whole
+    public API (``tf.compat.v1``, TF Lite, Keras eagerly, ...) that a ps or worker server
+    never calls: about 4 CPU s per server here, against 1 s for the runtime modules a server
+    uses, ``tensorflow.python.training.server_lib`` and ``tensorflow.python.framework.config``.
+    Those are reached under a bare ``tensorflow`` package module (its ``__init__`` not run);
+    of what that ``__init__`` does, the TF2 behaviour is done here, and where it would load
+    more (first-party kernel or pluggable-device plugins, a modular filesystem), or the
+    installed TensorFlow is not the release checked, the whole ``import tensorflow`` runs.
+    """
+    import importlib.util
+    import sys
+
+    if "tensorflow" in sys.modules or not _bare_import_is_enough():
+        import tensorflow as tf
+
+        return tf.distribute.Server, tf.train.ClusterSpec, tf.config.list_physical_devices
+    spec = importlib.util.find_spec("tensorflow")
+    assert spec is not None
+    sys.modules["tensorflow"] = importlib.util.module_from_spec(spec)
+    from tensorflow.python.compat import v2_compat
+    from tensorflow.python.framework import config
+    from tensorflow.python.training import server_lib
+
+    v2_compat.enable_v2_behavior()
+    return server_lib.Server, server_lib.ClusterSpec, config.list_physical_devices
+
+
+def _bare_import_is_enough() -> bool:
+    """No plugin or filesystem that ``tensorflow/__init__.py`` would load, and the release
+    this was checked against (see `server_runtime`)."""
+    import importlib.metadata
+    import importlib.util
+    import os
+    import site
+    import sys
+
+    try:
+        release = importlib.metadata.version("tensorflow")
+    except importlib.metadata.PackageNotFoundError:  # tensorflow-cpu, tf-nightly, a source build
+        return False
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or spec.origin is None or release.split(".")[:2] != TESTED_VERSIONS["tensorflow"].split(".")[:2]:
+        return False
+    if os.environ.get("TF_USE_MODULAR_FILESYSTEM", "0") in ("true", "1") or os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
+        return False
+    site_dirs = [p for p in sys.path if "site-packages" in p] + list(site.getsitepackages())
+    if site.ENABLE_USER_SITE and site.USER_SITE:
+        site_dirs.append(site.USER_SITE)
+    plugins = [os.path.join(os.path.dirname(spec.origin), "core", "kernels")]
+    plugins += [os.path.join(d, "tensorflow-plugins") for d in site_dirs]
+    return not any(os.path.exists(path) for path in plugins)

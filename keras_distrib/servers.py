@@ -13,6 +13,7 @@ import threading
 import time
 
 from . import contract
+from ._private_apis import server_runtime
 from .logs import configure_script
 
 # Named, not __name__: run as `python -m`, __name__ is "__main__", outside our logger tree.
@@ -22,8 +23,8 @@ logger = logging.getLogger("keras_distrib.servers")
 #: write its checkpoint first (variables live on the ps); its agent kills it when done.
 TERM_GRACE = 60.0
 
-#: Imported by ``import tensorflow`` when installed, never needed by a server (it runs no
-#: Python of the user's): TensorFlow imports Keras eagerly, Keras its scikit-learn wrapper
+#: Imported by the whole ``import tensorflow`` (`server_runtime` falls back to it) when
+#: installed, never needed by a server (it runs no Python of the user's): TensorFlow imports Keras eagerly, Keras its scikit-learn wrapper
 #: and matplotlib gallery, TF Lite jax; each import is guarded by ``except ImportError``.
 #: Marked absent, they cost a server nothing (bench/launch_overhead.py measures it).
 NOT_NEEDED_BY_A_SERVER = ("sklearn", "matplotlib", "jax")
@@ -52,12 +53,9 @@ def main() -> None:
     protocol = contract.protocol(os.environ)
 
     skip_optional_imports()
-    import tensorflow as tf
-
-    server = tf.distribute.Server(
-        tf.train.ClusterSpec(cluster), job_name=job, task_index=index, protocol=protocol, start=True
-    )
-    gpus = [d.name for d in tf.config.list_physical_devices("GPU")]
+    server_class, cluster_spec, list_physical_devices = server_runtime()
+    server = server_class(cluster_spec(cluster), job_name=job, task_index=index, protocol=protocol, start=True)
+    gpus = [d.name for d in list_physical_devices("GPU")]
     address = cluster[job][index]
     logger.info(f"serving {job}:{index} at {address} over {protocol}; GPUs visible: {gpus or 'none'}")
     # Not server.join() (nor signal.pause()): the kernel may hand SIGTERM to one of

@@ -209,7 +209,7 @@ class EpochInput:
         self.strategy, self.source, self.repeat = strategy, source, repeat
         self._options = dict(batch_size=per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
         self.sample = kd_data.pipeline(source, 0, 1, **self._options, epoch=0)
-        workers = self.replicas = max(1, strategy.num_replicas_in_sync)
+        replicas = self.replicas = max(1, strategy.num_replicas_in_sync)
         #: Every step's examples over all replicas when no batch can be short or missing
         #: (repeated shards, none empty, of unbatched data or of batches whose size is
         #: static, as after ``drop_remainder=True``), else None: each step counts them.
@@ -218,24 +218,24 @@ class EpochInput:
             # its replicas' slices of it (_replica_slices), one step per batch.
             self.steps = source.num_examples
             batch = _static_batch_size(self.sample)
-            self.full_batch = (batch if repeat and batch and batch >= workers and source.num_examples else None)
+            self.full_batch = (batch if repeat and batch and batch >= replicas and source.num_examples else None)
         else:
-            per_shard = steps_for_shards(source.num_examples, workers, per_replica)
+            per_shard = steps_for_shards(source.num_examples, replicas, per_replica)
             # Lockstep: the longest shard decides how many steps an epoch has.
             self.steps = None if per_shard is None else max(per_shard)
-            self.full_batch = (per_replica * workers if repeat and per_shard is not None and min(per_shard) > 0
+            self.full_batch = (per_replica * replicas if repeat and per_shard is not None and min(per_shard) > 0
                                else None)
-        if not source.batched and source.num_examples is not None and source.num_examples < workers:
+        if not source.batched and source.num_examples is not None and source.num_examples < replicas:
             raise TrainerError(
-                f"{source.num_examples} elements cannot feed {workers} workers (each needs at "
-                "least one). HINT: use more data or fewer workers."
+                f"{source.num_examples} elements cannot feed {replicas} replicas (each needs at "
+                "least one). HINT: use more data, or fewer workers or GPUs per worker."
             )
         self.own_step = own_step is not None
         self._method = own_step[1] if own_step is not None else ""
         self._sizes: list[list[int]] | None = None
         if own_step is not None:
             pipelines, method = own_step
-            steps, self._sizes = own_step_batches(source, pipelines=pipelines, replicas=workers,
+            steps, self._sizes = own_step_batches(source, pipelines=pipelines, replicas=replicas,
                                                   per_replica=per_replica, repeat=repeat, method=method)
             self.steps = steps if not repeat else self.steps
         self._persistent = None

@@ -499,3 +499,28 @@ def test_the_checkers_find_circles_back_up_imports_and_private_apis(tmp_path: Pa
         "keras.src.ops", "jax._src", "model._compile_loss", "ds._as_serialized_graph", "__internal__", "tensorflow._api"])
     assert problems == ["pkg._private_apis:4 keras.src: the docstring of g() gives no upstream reason",
                         "pkg._private_apis: TESTED_VERSIONS gives no full release of keras"]
+
+
+def test_a_server_imports_the_whole_tensorflow_where_its_init_would_load_more(monkeypatch: pytest.MonkeyPatch,
+                                                                             tmp_path: Path) -> None:
+    """server_runtime's bare import is taken only when tensorflow/__init__.py would load
+    nothing a server could need (plugins, a modular filesystem) on the release checked."""
+    import importlib.metadata
+
+    from keras_distrib import _private_apis
+
+    for name in ("TF_USE_MODULAR_FILESYSTEM", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    assert _private_apis._bare_import_is_enough()  # this venv: no plugins, TF 2.21
+    monkeypatch.setenv("TF_USE_MODULAR_FILESYSTEM", "1")
+    assert not _private_apis._bare_import_is_enough()
+    monkeypatch.delenv("TF_USE_MODULAR_FILESYSTEM")
+    monkeypatch.setenv("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "/opt/plugin.so")
+    assert not _private_apis._bare_import_is_enough()
+    monkeypatch.delenv("TF_PLUGGABLE_DEVICE_LIBRARY_PATH")
+    (tmp_path / "site-packages" / "tensorflow-plugins").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    assert not _private_apis._bare_import_is_enough()
+    monkeypatch.undo()
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.99.0")
+    assert not _private_apis._bare_import_is_enough()
