@@ -166,7 +166,7 @@ def main() -> None:
     p.add_argument("--interval", default="2s", help="short checkpoint interval measured (default 2s)")
     args = p.parse_args()
     rounds = 1 if args.smoke else args.rounds
-    epochs, steps = (2, 200) if args.smoke else (3, 1000)
+    epochs, steps = (2, 80) if args.smoke else (3, 1000)
     kinds = ["chief"] if args.smoke else list(KINDS)
     comparisons = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,21 +30,21 @@ def work_unit(nodeid: str) -> str:
     return "real-clusters" if path.startswith(REAL_CLUSTER_FOLDERS) else path
 
 
-# Seconds of test time per work unit in CI (2026-11-26, tests/ --durations); a unit not
+# Seconds of test time per work unit in CI (2026-11-26, tests/ --durations=0, then trimmed); a unit not
 # listed counts by its folder. The longest units start first, so neither xdist worker is
 # left with a long one at the end (the real clusters ran alone for 5 minutes last).
 UNIT_SECONDS = {
-    "real-clusters": 900,
-    "tests/local/test_bench_smoke.py": 790,
-    "tests/local/test_ps_trainer.py": 650,
-    "tests/local/test_custom_steps.py": 610,
-    "tests/local/test_exact_epochs.py": 510,
-    "tests/local/test_examples_local.py": 400,
-    "tests/local/test_jax_layout.py": 310,
-    "tests/local/test_lookup_layers.py": 300,
-    "tests/local/test_hangs_local.py": 250,
-    "tests/local/test_resilience_local.py": 245,
-    "tests/local/test_allreduce_trainer.py": 175,
+    "real-clusters": 860,
+    "tests/local/test_bench_smoke.py": 700,
+    "tests/local/test_ps_trainer.py": 620,
+    "tests/local/test_custom_steps.py": 580,
+    "tests/local/test_exact_epochs.py": 400,
+    "tests/local/test_lookup_layers.py": 360,
+    "tests/local/test_examples_local.py": 335,
+    "tests/local/test_hangs_local.py": 300,
+    "tests/local/test_jax_layout.py": 275,
+    "tests/local/test_resilience_local.py": 220,
+    "tests/local/test_allreduce_trainer.py": 115,
 }
 FOLDER_SECONDS = {"local": 30, "unit": 2}
 
