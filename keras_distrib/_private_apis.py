@@ -141,7 +141,8 @@ def _bare_import_is_enough() -> bool:
         return False
     if os.environ.get("TF_USE_MODULAR_FILESYSTEM", "0") in ("true", "1") or os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
         return False
-    site_dirs = [p for p in sys.path if "site-packages" in p] + list(site.getsitepackages())
+    # As tensorflow/__init__.py looks (an old virtualenv's site module has no getsitepackages).
+    site_dirs = [p for p in sys.path if "site-packages" in p] + list(getattr(site, "getsitepackages", list)())
     if site.ENABLE_USER_SITE and site.USER_SITE:
         site_dirs.append(site.USER_SITE)
     plugins = [os.path.join(os.path.dirname(spec.origin), "core", "kernels")]
