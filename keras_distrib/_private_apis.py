@@ -1,6 +1,6 @@
 """Every private Keras/TensorFlow API the jax layouts (jax_distribution.py) and the servers
-(servers.py) use, each with the upstream limitation it works around. Nothing else in keras_distrib outside the trainers'
-own fence (trainers/_private_apis.py) touches a private name (tests/unit/
+(servers.py) use, each with the upstream limitation it works around. Nothing else in
+keras_distrib outside the trainers' own fence (trainers/_private_apis.py) touches a private name (tests/unit/
 test_import_boundaries.py checks it), so an upgrade only has to re-check the fenced modules
 against `TESTED_VERSIONS`.
 """
@@ -108,12 +108,11 @@ def server_runtime() -> tuple[Any, Any, Any]:
     import importlib.util
     import sys
 
-    if "tensorflow" in sys.modules or not _bare_import_is_enough():
+    spec = None if "tensorflow" in sys.modules else importlib.util.find_spec("tensorflow")
+    if spec is None or not _bare_import_is_enough(spec):
         import tensorflow as tf
 
         return tf.distribute.Server, tf.train.ClusterSpec, tf.config.list_physical_devices
-    spec = importlib.util.find_spec("tensorflow")
-    assert spec is not None
     sys.modules["tensorflow"] = importlib.util.module_from_spec(spec)
     from tensorflow.python.compat import v2_compat
     from tensorflow.python.framework import config
@@ -123,11 +122,10 @@ def server_runtime() -> tuple[Any, Any, Any]:
     return server_lib.Server, server_lib.ClusterSpec, config.list_physical_devices
 
 
-def _bare_import_is_enough() -> bool:
-    """No plugin or filesystem that ``tensorflow/__init__.py`` would load, and the release
-    this was checked against (see `server_runtime`)."""
+def _bare_import_is_enough(spec: Any) -> bool:
+    """No plugin or filesystem that ``tensorflow/__init__.py`` (found at ``spec``) would load,
+    and the release this was checked against (see `server_runtime`)."""
     import importlib.metadata
-    import importlib.util
     import os
     import site
     import sys
@@ -136,8 +134,7 @@ def _bare_import_is_enough() -> bool:
         release = importlib.metadata.version("tensorflow")
     except importlib.metadata.PackageNotFoundError:  # tensorflow-cpu, tf-nightly, a source build
         return False
-    spec = importlib.util.find_spec("tensorflow")
-    if spec is None or spec.origin is None or release.split(".")[:2] != TESTED_VERSIONS["tensorflow"].split(".")[:2]:
+    if spec.origin is None or release.split(".")[:2] != TESTED_VERSIONS["tensorflow"].split(".")[:2]:
         return False
     if os.environ.get("TF_USE_MODULAR_FILESYSTEM", "0") in ("true", "1") or os.environ.get("TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
         return False

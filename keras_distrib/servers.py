@@ -24,8 +24,9 @@ logger = logging.getLogger("keras_distrib.servers")
 TERM_GRACE = 60.0
 
 #: Imported by the whole ``import tensorflow`` (`server_runtime` falls back to it) when
-#: installed, never needed by a server (it runs no Python of the user's): TensorFlow imports Keras eagerly, Keras its scikit-learn wrapper
-#: and matplotlib gallery, TF Lite jax; each import is guarded by ``except ImportError``.
+#: installed, never needed by a server (it runs no Python of the user's): TensorFlow imports
+#: Keras eagerly, Keras its scikit-learn wrapper and matplotlib gallery, TF Lite jax; each
+#: import is guarded by ``except ImportError``.
 #: Marked absent, they cost a server nothing (bench/launch_overhead.py measures it).
 NOT_NEEDED_BY_A_SERVER = ("sklearn", "matplotlib", "jax")
 

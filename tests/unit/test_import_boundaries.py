@@ -506,21 +506,23 @@ def test_a_server_imports_the_whole_tensorflow_where_its_init_would_load_more(mo
     """server_runtime's bare import is taken only when tensorflow/__init__.py would load
     nothing a server could need (plugins, a modular filesystem) on the release checked."""
     import importlib.metadata
+    import importlib.util
 
     from keras_distrib import _private_apis
 
+    spec = importlib.util.find_spec("tensorflow")
     for name in ("TF_USE_MODULAR_FILESYSTEM", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"):
         monkeypatch.delenv(name, raising=False)
-    assert _private_apis._bare_import_is_enough()  # this venv: no plugins, TF 2.21
+    assert _private_apis._bare_import_is_enough(spec)  # this venv: no plugins, TF 2.21
     monkeypatch.setenv("TF_USE_MODULAR_FILESYSTEM", "1")
-    assert not _private_apis._bare_import_is_enough()
+    assert not _private_apis._bare_import_is_enough(spec)
     monkeypatch.delenv("TF_USE_MODULAR_FILESYSTEM")
     monkeypatch.setenv("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "/opt/plugin.so")
-    assert not _private_apis._bare_import_is_enough()
+    assert not _private_apis._bare_import_is_enough(spec)
     monkeypatch.delenv("TF_PLUGGABLE_DEVICE_LIBRARY_PATH")
     (tmp_path / "site-packages" / "tensorflow-plugins").mkdir(parents=True)
     monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
-    assert not _private_apis._bare_import_is_enough()
+    assert not _private_apis._bare_import_is_enough(spec)
     monkeypatch.undo()
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.99.0")
-    assert not _private_apis._bare_import_is_enough()
+    assert not _private_apis._bare_import_is_enough(spec)
