@@ -290,7 +290,12 @@ def fit_stateful(strategy: Any, digits: Any, min_accuracy: float = 0.85, **optio
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert np.abs(np.asarray(model.layers[1].moving_mean)).max() > 0.01  # starts at 0
     assert not np.array_equal(np.asarray(seed), seed_before)
-    assert local_eval(model, x_test, y_test)["accuracy"] > min_accuracy
+    accuracy = local_eval(model, x_test, y_test)["accuracy"]
+    variance = np.asarray(model.layers[1].moving_variance)
+    # Seen once under load with stale reads (0.125, not reproduced in 8 runs since): the
+    # state that decides it is in the message.
+    assert accuracy > min_accuracy, (accuracy, history.history, float(variance.min()),
+                                     [bool(np.isfinite(np.asarray(w)).all()) for w in model.get_weights()])
     return model, trainer, steps
 
 
