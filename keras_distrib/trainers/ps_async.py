@@ -38,8 +38,9 @@ Design notes (why):
   known) or every shard reported exhaustion. Closures that land on an exhausted worker
   return at once. With ``steps_per_epoch`` the iterators repeat and exactly that many
   steps run per epoch.
-* Guards: a step that may find its shard ended runs in a ``tf.cond`` (one per step, 0.8x
-  the steps/s of none in a 3-round A/B of the MLP of bench/ps_step_breakdown, 1 worker + 1 ps).
+* Guards: a step that may find its shard ended runs in a ``tf.cond``; one per step ran at
+  0.8x the steps/s of one per closure (an ad-hoc 3-round A/B, 2026-11-26, on the MLP of
+  bench/_train_jobs.py, 1 worker + 1 ps: 144 against 181; 204 with ``steps_per_epoch``).
   Where tf.data knows each shard's size (arrays, self-loaded data), every element
   carries how many are left in its shard (`with_countdown`), and each closure looks once:
   K steps unguarded, or the shard's last few in a graph loop. Inputs whose shard size
