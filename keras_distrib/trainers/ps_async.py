@@ -486,8 +486,9 @@ class ParameterServerTrainer(Trainer):
             """Up to ``num_steps`` steps over a counted shard (`with_countdown`): one look at
             how many batches are left decides, for the whole closure, between the K steps
             unguarded and the shard's last ``left`` steps (a graph loop, once per shard and
-            epoch); no step needs its own guard. Measured (hand loop, CNN and MLP, 1 worker
-            + 1 ps): one cond per closure runs at the speed of none, one per step at 0.8x."""
+            epoch); no step needs its own guard. Measured (a hand-written loop, CNN and MLP,
+            1 worker + 1 ps, 3 rounds): one cond per closure ran at the speed of none, one
+            per step at 0.7-0.8x."""
             optional = iterator.get_next_as_optional()
 
             def finished(c: tuple[Any, ...], flag: Any) -> tuple[Any, ...]:
@@ -597,10 +598,10 @@ class ParameterServerTrainer(Trainer):
         folded per shard), no more than the closures its unfinished shards still need.
 
         A closure that lands on a worker whose shard is finished returns empty but still
-        costs the worker a closure (about 50 ms measured on the MLP of bench/ps_throughput):
-        with the full window at every epoch's end, a 2-worker epoch of 26 steps took 0.9 s
-        instead of 0.4 s. At least one per worker stays in flight, so a worker that still
-        has steps always gets a closure.
+        costs the worker a closure (50-100 ms apart, timed in a 2-worker job of a small
+        MLP): with the full window at every epoch's end, its epoch of 26 steps took 0.9 s
+        instead of 0.45 s (bench/epoch_overhead.py). At least one per worker stays in
+        flight, so a worker that still has steps always gets a closure.
         """
         window = 4 * self.num_workers
         if per_shard is None or done is None:
