@@ -634,12 +634,21 @@ def absolute_model_spec(spec: str) -> str:
     return spec
 
 
+#: Steps per closure of a --smoke run (see `model_runs`).
+SMOKE_K = 2
+
+
 def model_runs(args: Any, steps_table: dict[str, int], default_steps: int) -> tuple[int, list[tuple[str, str, int, int]]]:
     """(rounds, [(model spec, display name, steps per timed epoch, examples)]) for these flags.
 
-    ``--smoke`` trains the mlp unless ``--models`` was given explicitly.
+    ``--smoke`` trains the mlp unless ``--models`` was given explicitly, with K=2 unless
+    ``--k`` was given (a chunk is traced unrolled: K=10 costs each side seconds of tracing,
+    and a smoke run measures nothing).
     """
-    default = args.models == training_parser(None).get_default("models")
+    defaults = training_parser(None)
+    default = args.models == defaults.get_default("models")
+    if args.smoke and args.k == defaults.get_default("k"):
+        args.k = SMOKE_K
     models = ["mlp"] if args.smoke and default else [absolute_model_spec(m) for m in args.models.split(",")]
     rounds = 1 if args.smoke else args.rounds
     runs = []

@@ -371,17 +371,22 @@ class AllReduceTrainer(Trainer):
             # Per replica (a node's GPUs are replicas of one worker): the loop carries the
             # same structure as strategy.run returns.
             totals = strategy.run(lambda: tf.nest.map_structure(tf.identity, start))
-            steps = tf.constant(0, tf.int64)
-            for _ in tf.range(num_steps):
+
+            def body(i: Any, steps: Any, totals: Any, ended: Any) -> tuple[Any, Any, Any, Any]:
                 batch, mask = next(iterator)
-                if full_batch is None:
-                    global_n = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(mask,)), axis=None)
-                    if global_n == 0:
-                        break
-                else:
+                if full_batch is not None:
                     global_n = tf.constant(float(full_batch))
-                totals = strategy.run(replica_step, args=(batch, mask, totals, global_n))
-                steps += 1
+                    return i + 1, steps + 1, strategy.run(replica_step, args=(batch, mask, totals, global_n)), ended
+                global_n = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(mask,)), axis=None)
+                # Every worker sees the same global count, so all take the same branch.
+                return (i + 1, *tf.cond(
+                    global_n > 0,
+                    lambda: (steps + 1, strategy.run(replica_step, args=(batch, mask, totals, global_n)), ended),
+                    lambda: (steps, totals, tf.constant(True))))
+
+            _, steps, totals, _ = tf.while_loop(
+                lambda i, steps, totals, ended: tf.logical_and(i < num_steps, tf.logical_not(ended)), body,
+                (tf.constant(0, num_steps.dtype), tf.constant(0, tf.int64), totals, tf.constant(False)))
             # One all-reduce per call: sums over replicas of the per-replica accumulators.
             def deltas(totals: dict[str, Any]) -> dict[str, Any]:
                 return {
@@ -418,15 +423,16 @@ class AllReduceTrainer(Trainer):
 
         @step_contract.compiled
         def run_chunk(iterator: Any, num_steps: Any, logs: Any) -> dict[str, Any]:
-            count, steps, finite = tf.constant(0.0), tf.constant(0, tf.int64), tf.constant(True)
-            for _ in tf.range(num_steps):
+            def body(i: Any, count: Any, steps: Any, finite: Any, logs: Any) -> tuple[Any, ...]:
                 # Every pipeline yields the same number of real batches (own_step_batches)
                 # and `_run` asks for no more: no end to detect, no step skipped.
                 data = next(iterator)
                 logs = user_step(data)
                 count += strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(data,)), axis=None)
-                finite = tf.logical_and(finite, step_contract.logs_finite(logs))
-                steps += 1
+                return i + 1, count, steps + 1, tf.logical_and(finite, step_contract.logs_finite(logs)), logs
+
+            start = (tf.constant(0, num_steps.dtype), tf.constant(0.0), tf.constant(0, tf.int64), tf.constant(True), logs)
+            _, count, steps, finite, logs = tf.while_loop(lambda i, *_: i < num_steps, body, start)
             return {"loss_sum": tf.constant(0.0), "count": count, "steps": steps, "finite": finite, "state": [],
                     "logs": logs}
 

@@ -531,11 +531,12 @@ class ParameterServerTrainer(Trainer):
                 for _ in range(num_steps):
                     carry = advance(iterator, carry, endless)
                 return carry
-            for _ in tf.range(num_steps):
-                if carry[1]:
-                    break
-                carry = advance(iterator, carry, endless)
-            return carry
+            def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+                return i + 1, advance(iterator, c, endless)
+
+            # Until K steps ran or the shard ended (carry[1]).
+            return tf.while_loop(lambda i, c: tf.logical_and(i < num_steps, tf.logical_not(c[1])), body,
+                                 (tf.constant(0), carry))[1]
 
         @step_contract.compiled
         def run_chunk(iterator: Any, shard_ids: Any, num_steps: int, endless: bool = False,

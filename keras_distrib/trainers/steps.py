@@ -82,22 +82,23 @@ def check_compile_knobs(model: Any) -> None:
         )
 
 
-def compiled(fn: Callable[..., Any], *, convert: bool = True, retrace_less: bool = False) -> Any:
+def compiled(fn: Callable[..., Any], *, retrace_less: bool = False) -> Any:
     """Every function a trainer runs in a graph goes through here, as Keras' backend trainer
     compiles its ``multi_step_on_iterator``: the chunk of K steps, the predict chunk, the
     user's own step (`compiled_step`) and the small collective helpers.
 
-    ``convert``: AutoGraph on (our chunk loops use ``tf.range``/``tf.cond``); off for the
-    user's step, traced as the Python it is (Keras' ``do_not_convert``). ``retrace_less``:
-    ``reduce_retracing`` for functions called with varying shapes (predict batches, the
-    user's step). Never ``jit_compile``: XLA cannot compile the ps trainers' remote reads
-    (`check_compile_knobs` refuses it with a HINT).
+    Never converted by AutoGraph, as Keras' own steps (its ``do_not_convert``): the user's
+    code is traced as the Python it is, and our loops and branches are written as
+    ``tf.while_loop``/``tf.cond``. Converting cost every process about 2.5 s of its first
+    trace (the ps chunk of an MLP, 10 steps: 6.3-7.1 s with AutoGraph, 4.1-4.3 s without,
+    two runs each, 2026-11-26). ``retrace_less``: ``reduce_retracing`` for functions
+    called with varying shapes (predict batches, the user's step). Never ``jit_compile``:
+    XLA cannot compile the ps trainers' remote reads (`check_compile_knobs` refuses it
+    with a HINT).
     """
     import tensorflow as tf
 
-    if not convert:
-        fn = tf.autograph.experimental.do_not_convert(fn)
-    return tf.function(fn, reduce_retracing=retrace_less)
+    return tf.function(tf.autograph.experimental.do_not_convert(fn), reduce_retracing=retrace_less)
 
 
 #: model -> {step method: {top-level key of what the step returns: the metric whose
@@ -159,7 +160,7 @@ def compiled_step(step: Callable[[Any], Any], strategy: Any, reduce: Callable[[A
         out = noted(data)
         return out if reduce is None else reduce(out)
 
-    return compiled(one_step, convert=False, retrace_less=True)
+    return compiled(one_step, retrace_less=True)
 
 
 def mean_over_replicas(strategy: Any, values: Any) -> Any:
