@@ -176,8 +176,9 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
     ``k``: steps per scheduled function (default ``ctx.k``, the benchmark's ``--k``).
 
     ``exact_epochs``: no ``steps_per_epoch``; each epoch is one pass over exactly
-    ``steps`` batches per worker (the examples repeated up to that size), so every step
-    is guarded against the end of its shard, as in a plain ``fit(x, y, epochs=...)``.
+    ``steps`` steps (the examples repeated up to that size), as in a plain
+    ``fit(x, y, epochs=...)``: every shard's size is known, and the trainer must find
+    where each one ends.
     """
     import keras
     import numpy as np
@@ -193,7 +194,8 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
         timer = epoch_timer(keras.callbacks.Callback)
         epoch_data, steps_per_epoch = data, steps
         if exact_epochs:
-            rows = steps * ctx.batch * ctx.info.num_workers
+            # ps: each worker's shard gives ``steps`` batches; all-reduce: ``batch`` is global.
+            rows = steps * ctx.batch * (ctx.info.num_workers if ctx.mode == "ps" else 1)
             epoch_data, steps_per_epoch = tuple(np.resize(a, (rows, *a.shape[1:])) for a in data), None
         keras_distrib.fit(model, epoch_data, epochs=2, steps_per_epoch=steps_per_epoch, batch_size=ctx.batch,
                           steps_per_execution=k, shuffle=shuffle, verbose=0, callbacks=[timer],

@@ -5,7 +5,9 @@
 A = the Keras 3 all-reduce trainer (`keras_distrib.fit` under MultiWorkerMirroredStrategy,
 K=10 steps per tf.function call, its default) vs B = tf_keras `model.fit` under the same
 MultiWorkerMirroredStrategy at its default (steps_per_execution=1). Target: A/B >= 1.0.
-Extra row, no target: B = tf_keras with steps_per_execution=K.
+Extra rows: B = tf_keras with steps_per_execution=K (no target); 3c, the same trainer
+without ``steps_per_epoch`` (one exact pass per epoch, as ``fit(x, y, epochs=...)``)
+against it with ``steps_per_epoch`` (issue 27: within 5 %).
 
 Cluster: 2 all-reduce workers (`python -m keras_distrib.local --nodes 2 --layout allreduce`),
 each running bench/_train_jobs.py in lockstep; worker 0 reports. Same model, same
@@ -28,12 +30,15 @@ DEFAULT_STEPS = 50
 
 
 def compare(args: Any, name: str, run: Callable[..., dict[str, list[float]]]) -> tuple[list[Comparison], dict[str, Any]]:
-    r = run("2w", ["keras_distrib", "tf_keras", "tf_keras_k"])
+    r = run("2w", ["keras_distrib", "tf_keras", "tf_keras_k", "keras_distrib_exact_epochs"])
     return [
         Comparison(f"3. sync throughput {name}", "keras_distrib", "tf_keras fit", "steps/s",
                    r["keras_distrib"], r["tf_keras"], target=">= 1.0"),
         Comparison(f"3b. vs tuned tf_keras {name}", "keras_distrib", f"tf_keras fit spe={args.k}", "steps/s",
                    r["keras_distrib"], r["tf_keras_k"], target="(info)"),
+        Comparison(f"3c. exact epochs vs steps_per_epoch {name}", "keras_distrib_exact_epochs",
+                   "keras_distrib (steps_per_epoch)", "steps/s", r["keras_distrib_exact_epochs"], r["keras_distrib"],
+                   target=">= 0.95"),
     ], {name: r}
 
 

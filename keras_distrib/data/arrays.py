@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .base import BaseSource
-from .policy import leading_len, map_nest, shard_arrays
+from .policy import leading_len, map_nest, shard_arrays, shard_sizes
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
@@ -26,6 +26,9 @@ class ArraySource(BaseSource):
         import tensorflow as tf
 
         return tf.data.Dataset.from_tensor_slices(shard_arrays(self.arrays, index, num_shards))
+
+    def shard_sizes(self, num_shards: int) -> list[int] | None:
+        return None if self.batched else shard_sizes(self.num_examples, num_shards)
 
     def split(self, at: int) -> tuple["ArraySource", "ArraySource"]:
         """(the first ``at`` rows, the rest), as Keras' ``validation_split`` cuts them."""

@@ -2,7 +2,8 @@
 
 The trainers only ever call what `Source` declares: ``num_examples`` and ``batched`` to
 count steps, ``epoch_elements`` for one epoch of one shard, ``finish_batches`` after
-the pipeline batched it (`keras_distrib.data.pipeline`), and ``on_epoch_begin`` /
+the pipeline batched it (`keras_distrib.data.pipeline`), ``shard_sizes`` where each
+shard's size is fixed and known before the epoch, and ``on_epoch_begin`` /
 ``on_epoch_end`` around each training epoch (a Keras PyDataset's hooks).
 """
 
@@ -40,6 +41,11 @@ class Source(Protocol):
         """What the pipeline's batches become (identity unless the source parses batches)."""
         ...
 
+    def shard_sizes(self, num_shards: int) -> list[int] | None:
+        """Elements in each of ``num_shards`` shards of every epoch, where that is fixed and
+        known before the epoch (the same every epoch); else None."""
+        ...
+
     def on_epoch_begin(self, epoch: int) -> None:
         """Called by fit before each training epoch (in every process running the loop)."""
         ...
@@ -63,6 +69,9 @@ class BaseSource:
 
     def finish_batches(self, batches: "tf.data.Dataset") -> "tf.data.Dataset":
         return batches
+
+    def shard_sizes(self, num_shards: int) -> list[int] | None:
+        return None
 
     def on_epoch_begin(self, epoch: int) -> None:
         pass

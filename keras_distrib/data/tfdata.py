@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _private_apis as private
 from .base import BaseSource
-from .policy import Order, shard_dataset
+from .policy import Order, shard_dataset, shard_sizes
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
@@ -41,6 +41,13 @@ class DatasetSource(BaseSource):
         self._fns: dict[int, Any] = {}
         if self.batched is None:
             self.batched = private.ends_with_batch(self._graph_def())
+
+    def shard_sizes(self, num_shards: int) -> list[int] | None:
+        """Known only where tf.data knows the size (not a size counted in one pass: a random
+        ``filter`` may keep another number of elements every epoch)."""
+        if self.batched or int(self.dataset.cardinality()) < 0:
+            return None
+        return shard_sizes(int(self.dataset.cardinality()), num_shards)
 
     def count_unknown_size(self) -> bool:
         """Learn the size of a dataset of unknown size (a TFRecord file, a ``filter``) by one pass

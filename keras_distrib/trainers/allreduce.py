@@ -154,6 +154,14 @@ def _replica_slices(ds: Any, pipeline: int, pipelines: int, local: int, *, maske
     return out if not masked or endless else _then_padding(out)
 
 
+def step_counts(shard_sizes: list[int], per_replica: int) -> list[int]:
+    """Real examples over every pipeline at each step of an epoch whose pipelines (one
+    replica each) hold ``shard_sizes`` examples in batches of ``per_replica``: the epoch
+    ends with the longest shard; shorter ones are padded meanwhile (they count 0)."""
+    steps = max(math.ceil(s / per_replica) for s in shard_sizes) if shard_sizes else 0
+    return [sum(max(0, min(per_replica, s - t * per_replica)) for s in shard_sizes) for t in range(steps)]
+
+
 def equal_batches(n: int, batches: int, batch: int) -> list[int]:
     """Sizes of ``batches`` non-empty batches of at most ``batch`` of ``n`` examples: full
     batches first, the last ones shorter (needs ``batches <= n <= batches * batch``)."""
@@ -205,7 +213,8 @@ class EpochInput:
     """
 
     def __init__(self, strategy: Any, source: Any, *, per_replica: int | None, shuffle: bool,
-                 seed: int | None, repeat: bool, own_step: tuple[int, str] | None = None) -> None:
+                 seed: int | None, repeat: bool, own_step: tuple[int, str] | None = None,
+                 pipelines: int = 1) -> None:
         self.strategy, self.source, self.repeat = strategy, source, repeat
         self._options = dict(batch_size=per_replica, shuffle=shuffle, seed=seed, repeat=repeat)
         self.sample = kd_data.pipeline(source, 0, 1, **self._options, epoch=0)
@@ -231,6 +240,14 @@ class EpochInput:
                 "least one). HINT: use more data, or fewer workers or GPUs per worker."
             )
         self.own_step = own_step is not None
+        #: Real examples over every replica at each step of an epoch, where every shard's
+        #: size is known before it (one replica per worker): no step then all-reduces its
+        #: count, and the epoch has exactly ``len(counts)`` steps. Else None.
+        self.counts: list[int] | None = None
+        sizes = None if repeat or own_step is not None or source.batched or not per_replica else (
+            source.shard_sizes(pipelines) if pipelines == replicas else None)
+        if sizes is not None:
+            self.counts = step_counts(sizes, per_replica)
         self._method = own_step[1] if own_step is not None else ""
         self._sizes: list[list[int]] | None = None
         if own_step is not None:
@@ -356,7 +373,8 @@ class AllReduceTrainer(Trainer):
     # ------------------------------------------------------------ the chunk functions
 
     def _make_fn(self, training: bool, full_batch: int | None) -> Any:
-        """K steps per call; ``full_batch``: every step's known example count (no count, no end)."""
+        """K steps per call; ``full_batch``: every step's known example count (no count, no end);
+        ``counts`` (a float32 vector, one per step of the call): each step's known count."""
         import tensorflow as tf
 
         metrics, strategy = self.metrics, self.strategy
@@ -366,7 +384,7 @@ class AllReduceTrainer(Trainer):
             return tf.reduce_sum(mask)
 
         @step_contract.compiled
-        def run_chunk(iterator: Any, num_steps: Any) -> dict[str, Any]:
+        def run_chunk(iterator: Any, num_steps: Any, counts: Any = None) -> dict[str, Any]:
             start = zeros_totals(metrics)
             # Per replica (a node's GPUs are replicas of one worker): the loop carries the
             # same structure as strategy.run returns.
@@ -374,8 +392,8 @@ class AllReduceTrainer(Trainer):
 
             def body(i: Any, steps: Any, totals: Any, ended: Any) -> tuple[Any, Any, Any, Any]:
                 batch, mask = next(iterator)
-                if full_batch is not None:
-                    global_n = tf.constant(float(full_batch))
+                if full_batch is not None or counts is not None:
+                    global_n = tf.constant(float(full_batch)) if counts is None else counts[i]
                     return i + 1, steps + 1, strategy.run(replica_step, args=(batch, mask, totals, global_n)), ended
                 global_n = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(mask,)), axis=None)
                 # Every worker sees the same global count, so all take the same branch.
@@ -510,9 +528,10 @@ class AllReduceTrainer(Trainer):
     def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool,
                own_step: str | None = None) -> EpochInput:
         per_replica = None if source.batched else self._per_replica(batch_size)
-        own = (self._input_pipelines()[1], own_step) if own_step else None
+        pipelines = self._input_pipelines()[1]
+        own = (pipelines, own_step) if own_step else None
         return EpochInput(self.strategy, source, per_replica=per_replica, shuffle=shuffle, seed=seed, repeat=repeat,
-                          own_step=own)
+                          own_step=own, pipelines=pipelines)
 
     def _input_pipelines(self) -> tuple[int, int]:
         """(this worker's input pipeline index, number of pipelines): one per task."""
@@ -586,16 +605,28 @@ class AllReduceTrainer(Trainer):
             steps = inp.steps  # the model's own step: exactly the epoch's steps (own_step_batches)
         totals = Totals(self.metrics.reset_numpy())
         k = self.steps_per_execution
+        counts = inp.counts
+        if counts is not None:  # the epoch's steps are known: no step counts, none ends it
+            steps = len(counts) if steps is None else min(steps, len(counts))
         while steps is None or totals.steps < steps:
             if totals.steps and hooks.checkpoint_due(totals.steps):
                 hooks.checkpoint_now()  # every worker agreed: lockstep, the step is exact
             n = k if steps is None else min(k, steps - totals.steps)
             hooks.before(totals.steps)
-            out = fn(iterator, tf.constant(n))
+            if counts is None:
+                out = fn(iterator, tf.constant(n))
+            else:  # padded to K: one trace for every call
+                these = counts[totals.steps:totals.steps + n]
+                out = fn(iterator, tf.constant(n), tf.constant(these + [0] * (k - n), tf.float32))
             done = int(out["steps"])
             totals.add({key: (np.asarray(v) if key not in ("state", "logs") else v) for key, v in out.items()})
             if done:
                 hooks.after(totals.steps - 1, totals)
             if done < n or self._agree(hooks.stop()):
                 break
+        if counts is not None and totals.steps == len(counts) and int(totals.count) != sum(counts):
+            raise TrainerError(  # a source whose shard_sizes() do not match its shards
+                f"an epoch of {type(inp.source).__name__} was expected to hold {sum(counts)} examples over "
+                f"every worker and held {int(totals.count)}. HINT: this is a keras_distrib defect; please "
+                "report it with the input's type (steps_per_epoch= avoids the known-size path).")
         return totals
