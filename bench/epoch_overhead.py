@@ -68,9 +68,10 @@ print("RESULT " + json.dumps(out), flush=True)
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=None, help="emulated nodes (default 2; --smoke: 1)")
     args = p.parse_args()
     rounds = 1 if args.smoke else args.rounds
+    args.nodes = args.nodes or (1 if args.smoke else 2)
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "epoch_overhead_job.py"
         script.write_text(SCRIPT)

@@ -3,7 +3,7 @@ of periodic checkpoints as a steps/s ratio.
 
     python bench/recovery.py [--smoke] [--rounds 3]
 
-Local mode, 2 emulated nodes, an MLP on synthetic data (batch 32, K=10 steps per closure).
+Local mode, 2 emulated nodes (--nodes), an MLP on synthetic data (batch 32, K=10 steps per closure).
 * Recovery time: the training script appends "pid time" to a file at every completed
   closure (a batch callback). After the kill, recovery is the first completed closure of
   the restarted SCRIPT (ps, chief, all-reduce worker: they resume from the checkpoint), or,
@@ -94,7 +94,7 @@ def task_pid(launcher: int, task: str) -> int | None:
 
 
 def launch(workdir: Path, layout: str, interval: str, epochs: int, steps: int,
-           extra: Sequence[str] = ()) -> tuple[subprocess.Popen[str], Path, list[tuple[float, str]]]:
+           extra: Sequence[str] = (), *, nodes: int = 2) -> tuple[subprocess.Popen[str], Path, list[tuple[float, str]]]:
     """The training job of SCRIPT (launcher options ``extra`` added); its output lines are
     collected with their arrival time. Returns (launcher, progress file, lines)."""
     script = workdir / "train.py"
@@ -102,8 +102,8 @@ def launch(workdir: Path, layout: str, interval: str, epochs: int, steps: int,
     progress = workdir / f"progress-{time.monotonic_ns()}"
     ckpt = workdir / f"ckpt-{time.monotonic_ns()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "keras_distrib.local", "--nodes", "2", "--layout", layout, "--port-base",
-         str(free_port_base(8)), "--checkpoint-every", interval, "--startup-timeout", "600", *extra, str(script),
+        [sys.executable, "-m", "keras_distrib.local", "--nodes", str(nodes), "--layout", layout, "--port-base",
+         str(free_port_base(3 * nodes + 2)), "--checkpoint-every", interval, "--startup-timeout", "600", *extra, str(script),
          str(progress), str(ckpt), str(epochs), str(steps)],
         cwd=workdir, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
@@ -125,11 +125,11 @@ def finish(proc: subprocess.Popen[str], lines: list[tuple[float, str]], what: st
     time.sleep(0.2)  # the reader thread drains the last lines
 
 
-def recovery(workdir: Path, kind: str, epochs: int, steps: int) -> tuple[float, float]:
+def recovery(workdir: Path, kind: str, epochs: int, steps: int, nodes: int) -> tuple[float, float]:
     """(seconds from the kill to progress again, seconds from launch to the first closure)."""
     layout, task = KINDS[kind]
     started = time.time()
-    proc, progress, lines = launch(workdir, layout, "1s", epochs, steps)
+    proc, progress, lines = launch(workdir, layout, "1s", epochs, steps, nodes=nodes)
     deadline = time.monotonic() + 600
     while len(progress_lines(progress)) < 5 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -153,9 +153,9 @@ def recovery(workdir: Path, kind: str, epochs: int, steps: int) -> tuple[float, 
     return after[0] - killed, first
 
 
-def rate(workdir: Path, interval: str, epochs: int, steps: int) -> float:
+def rate(workdir: Path, interval: str, epochs: int, steps: int, nodes: int) -> float:
     """Steps/s of the whole training run with checkpoints every ``interval``."""
-    proc, _, lines = launch(workdir, "ps-per-node", interval, epochs, steps)
+    proc, _, lines = launch(workdir, "ps-per-node", interval, epochs, steps, nodes=nodes)
     finish(proc, lines, f"training with --checkpoint-every {interval}")
     rates = [float(text.rsplit(" ", 1)[1]) for _, text in lines if "] RATE " in text]
     return rates[-1]
@@ -164,17 +164,22 @@ def rate(workdir: Path, interval: str, epochs: int, steps: int) -> float:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--interval", default="2s", help="short checkpoint interval measured (default 2s)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="emulated nodes (default 2; --smoke: 1, which only the chief's recovery needs)")
     args = p.parse_args()
     rounds = 1 if args.smoke else args.rounds
     epochs, steps = (2, 80) if args.smoke else (3, 1000)
     kinds = ["chief"] if args.smoke else list(KINDS)
+    nodes = args.nodes or (1 if args.smoke else 2)
+    if nodes < 2 and kinds != ["chief"]:
+        p.error(f"--nodes {nodes}: killing worker:1 and ps:1 needs 2 nodes. HINT: --nodes 2")
     comparisons = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for kind in kinds:
             c = Comparison(f"recovery: {kind}", "kill -> progress", "launch -> 1st closure", "s")
             for i in range(rounds):
-                back, first = recovery(work, kind, epochs, steps)
+                back, first = recovery(work, kind, epochs, steps, nodes)
                 c.a.append(back)
                 c.b.append(first)
                 print(f"  {kind} round {i + 1}/{rounds}: back in {back:.2f} s (launch -> first closure {first:.2f} s)", flush=True)
@@ -183,7 +188,7 @@ def main() -> None:
                           "steps/s", target="> 0.95 at the default 120s")
         for i in range(rounds):
             for interval, sink in ((args.interval, cost.a), ("epoch", cost.b)) if i % 2 == 0 else (("epoch", cost.b), (args.interval, cost.a)):
-                sink.append(rate(work, interval, epochs, steps))
+                sink.append(rate(work, interval, epochs, steps, nodes))
             print(f"  checkpoint cost round {i + 1}/{rounds}: {cost.a[-1]:.1f} vs {cost.b[-1]:.1f} steps/s", flush=True)
         comparisons.append(cost)
     seconds = float(args.interval.rstrip("s"))
@@ -192,7 +197,7 @@ def main() -> None:
     # costs T*(1/r - 1) seconds; at the default interval D the ratio is D / (D + that).
     per_checkpoint = max(0.0, seconds * (1 / ratio - 1))
     implied = DEFAULT_INTERVAL_SECONDS / (DEFAULT_INTERVAL_SECONDS + per_checkpoint)
-    print_table("Recovery and checkpoint cost (local mode, 2 emulated nodes)", comparisons)
+    print_table(f"Recovery and checkpoint cost (local mode, {nodes} emulated node(s))", comparisons)
     print(f"one checkpoint costs about {per_checkpoint:.3f} s of training; implied steps/s ratio at the "
           f"default {DEFAULT_INTERVAL_SECONDS:.0f} s interval: {implied:.4f} (goal > 0.95)")
     save("recovery", comparisons, {"seconds_per_checkpoint": per_checkpoint, "implied_ratio_at_default": implied}, args.out)

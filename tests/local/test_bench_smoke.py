@@ -83,16 +83,16 @@ def test_report_formats_measured_results(tmp_path: Path) -> None:
 
 def test_accuracy_parity_runs_as_a_job_script(tmp_path: Path) -> None:
     """The smallest accuracy-parity run: one model class with two named inputs, one epoch, one
-    seed; also in the opt-in ps_stale_reads and ps_local_steps modes (dict inputs through their steps)."""
+    seed; also in the opt-in ps_local_steps mode (the program's loop over the opt-in modes; dict
+    inputs through both modes' steps are trained in tests/local/test_lookup_layers.py)."""
     proc = run_in_session([sys.executable, "-m", "keras_distrib.local", "--nodes", "2", str(BENCH / "accuracy_parity.py"),
-                           "--models", "two_inputs", "--epochs", "1", "--seeds", "1", "--ps-stale-reads",
-                           "--ps-local-steps"],
+                           "--models", "two_inputs", "--epochs", "1", "--seeds", "1", "--ps-local-steps"],
                           600, cwd=tmp_path, env=bench_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '] {"model"' in line]
     assert [r["model"] for r in rows] == ["two_inputs"], proc.stdout[-3000:]
     assert 0.0 <= rows[0]["single"][0] <= 1.0 and 0.0 <= rows[0]["distributed"][0] <= 1.0
-    assert 0.0 <= rows[0]["stale_reads"][0] <= 1.0 and 0.0 <= rows[0]["local_steps"][0] <= 1.0
+    assert "stale_reads" not in rows[0] and 0.0 <= rows[0]["local_steps"][0] <= 1.0
 
 
 def test_accuracy_parity_embedding_allreduce_three_workers(tmp_path: Path) -> None:

@@ -35,3 +35,15 @@ def test_taken_port_is_named_with_a_hint(tmp_path: Path, slot: int, role: str) -
     assert error == [f"keras_distrib: error: port(s) {port} ({role}) already in use on local0. HINT: pass another "
                      f"--port-base (e.g. --port-base {base + 1000}) or end what listens there (ss -ltnp)."], out.stderr
     assert "Traceback" not in out.stderr and "never runs" not in out.stdout
+
+
+
+def test_protocol_probe_gives_tensorflows_reason_and_nothing_for_grpc() -> None:
+    """The probe behind ``--protocol`` (run on every task before anything starts, with a
+    server's imports only) gives TensorFlow's reason for a protocol the build lacks, and
+    nothing for grpc."""
+    from keras_distrib.launcher.prestart import protocol_error
+
+    reason = protocol_error("grpc+verbs")
+    assert reason is not None and "GRPC_SERVER" in reason, reason
+    assert protocol_error("grpc") is None
