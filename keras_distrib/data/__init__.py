@@ -25,8 +25,8 @@ from .arrays import ArraySource
 from .base import BaseSource, CustomSource, InputError, Source
 from .files import READ_CHUNK, FileSource
 from .input import as_source, pipeline
-from .policy import (Order, flatten_nest, map_nest, shard_arrays, shard_dataset, shard_files, shard_indices,
-                     shard_seed, shard_sizes, steps_for, worker_rank)
+from .policy import (Order, epoch_parts, flatten_nest, map_nest, shard_arrays, shard_dataset, shard_files,
+                     shard_indices, shard_rows, shard_seed, shard_sizes, steps_for, worker_rank)
 from .pydataset import PyDatasetSource, is_py_dataset
 from .self_loading import SelfLoadedSource, self_loading
 from .tfdata import DatasetSource
@@ -36,6 +36,8 @@ __all__ = [
     "BaseSource",
     "CustomSource",
     "ArraySource",
+    "epoch_parts",
+    "shard_rows",
     "DatasetSource",
     "FileSource",
     "SelfLoadedSource",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     import tensorflow as tf
@@ -44,6 +44,40 @@ def shard_indices(n: int, index: int, num_shards: int) -> range:
 def steps_for(num_examples: int, batch_size: int) -> int:
     """Batches needed to see every one of ``num_examples`` once (last batch may be short)."""
     return max(1, math.ceil(num_examples / batch_size))
+
+
+def shard_rows(n: int, num_shards: int, *, epoch: int, shuffle: bool, seed: int | None) -> list[Any]:
+    """Each shard's row numbers (rows ``j, j + k, ...``) in the order ``epoch`` trains them:
+    a permutation drawn from (seed, epoch, shard) with ``shuffle``, else in order."""
+    import numpy as np
+
+    rows = [np.arange(j, n, num_shards, dtype=np.int64) for j in range(num_shards)]
+    if shuffle:
+        rows = [np.random.default_rng([int(seed or 0), int(epoch), j]).permutation(r) for j, r in enumerate(rows)]
+    return rows
+
+
+def epoch_parts(rows: Sequence[Any], batch_size: int, k: int, first_step: int = 0,
+                num_steps: int | None = None) -> Iterator[tuple[int, Any]]:
+    """The parts of an epoch handed out dynamically in the parameter-server layouts:
+    ``(steps, row numbers)`` for each, up to ``k`` consecutive steps of one shard (each
+    shard batched on its own, its last batch maybe short, as with fixed shards), the
+    shards taking turns. The sequence is fixed per epoch, so steps ``first_step`` to
+    ``first_step + num_steps`` (a resumed epoch) are the same rows whoever runs them."""
+    sizes = [-(-len(r) // batch_size) for r in rows]
+    sequence = []  # (shard, step in the shard), in the order they are handed out
+    for start in range(0, max(sizes, default=0), k):
+        for j, size in enumerate(sizes):
+            sequence += [(j, s) for s in range(start, min(start + k, size))]
+    at = first_step
+    end = len(sequence) if num_steps is None else min(first_step + num_steps, len(sequence))
+    while at < end:
+        shard, step = sequence[at]
+        n = 1
+        while n < k and at + n < end and sequence[at + n][0] == shard:
+            n += 1
+        yield n, rows[shard][step * batch_size:(step + n) * batch_size]
+        at += n
 
 
 def shard_seed(seed: int | None, index: int) -> int | None:

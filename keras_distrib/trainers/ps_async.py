@@ -97,7 +97,7 @@ Design notes (why):
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .. import data as kd_data
 from . import _private_apis as private
@@ -117,6 +117,10 @@ MAX_UNROLLED_STEPS = 32
 #: ...and only while steps x trainable variables stays below this: trace time and graph
 #: size grow with both, and for big models the loop's per-step cost matters little.
 MAX_UNROLLED_VARIABLE_STEPS = 4000
+#: Arrays up to this size are handed out dynamically (`DynamicInput`: each worker holds
+#: them whole, sent as a constant of a graph, which protobuf caps at 2 GiB); bigger ones
+#: keep fixed shards (1/k of them per worker).
+MAX_DYNAMIC_BYTES = 1 << 30
 
 
 def with_countdown(ds: Any) -> Any:
@@ -196,6 +200,88 @@ class PerWorkerInput:
         return it
 
 
+class _Gathered:
+    """The batches of one closure's part of the epoch, gathered on the worker from the whole
+    arrays (``full``) by the row ``indices`` the chief sent; an iterator for the trace-time
+    Python of the steps, as ``next()`` calls (step ``s`` takes rows ``s*B`` to ``s*B+B``)."""
+
+    def __init__(self, full: Any, indices: Any, batch_size: int) -> None:
+        self._full, self._indices, self._batch_size, self._step = full, indices, batch_size, 0
+
+    @property
+    def element_spec(self) -> Any:
+        import tensorflow as tf
+
+        return tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), self._full)
+
+    def __next__(self) -> Any:
+        import tensorflow as tf
+
+        start = self._step * self._batch_size
+        self._step += 1
+        rows = self._indices[start:start + self._batch_size]
+        return tf.nest.map_structure(lambda a: tf.gather(a, rows), self._full)
+
+
+class DynamicInput:
+    """Exact epochs handed out dynamically (issue 28): the shards are today's (element ``i``
+    to shard ``i % k``, each batched on its own, so the steps of an epoch are the same), but
+    every worker holds the whole arrays and a part of any shard (up to K of its steps) goes
+    to whichever worker is free, so a slow worker runs fewer parts instead of holding the
+    epoch back. The chief draws each shard's order and sends a part's row numbers with its
+    closure; the parts of an epoch are a fixed sequence (shards taken in turn), so a
+    mid-epoch checkpoint resumes at exactly the next part.
+
+    For unbatched in-memory arrays (`keras_distrib.data.ArraySource`) up to
+    `MAX_DYNAMIC_BYTES` only; every other input keeps fixed per-worker shards
+    (`PerWorkerInput`).
+    """
+
+    repeat = False
+    endless = False
+    counted = False
+    per_shard = None
+
+    def __init__(self, coordinator: Any, source: Any, *, batch_size: int, shuffle: bool, seed: int | None) -> None:
+        import tensorflow as tf
+
+        self.source, self.batch_size, self.shuffle, self.seed = source, batch_size, shuffle, seed
+        self.num_shards = len(private.coordinator_workers(coordinator))
+        arrays = source.arrays
+        # The whole arrays once per worker and fit (a constant of the dataset's graph, sent
+        # when the iterator is made); each closure reads them by reference.
+        per_worker = coordinator.create_per_worker_dataset(lambda: tf.data.Dataset.from_tensors(arrays).repeat())
+        self.full = iter(per_worker)
+        self.sample = tf.data.Dataset.from_tensor_slices(kd_data.map_nest(lambda a: a[:batch_size], arrays)
+                                                         ).batch(batch_size)  # for the chief's metrics
+        #: Examples, and steps of one epoch (each shard's last batch may be short).
+        self.expected = source.num_examples
+        self.shard_steps = steps_for_shards(self.expected, self.num_shards, batch_size)
+        self.steps = sum(self.shard_steps)
+
+    @staticmethod
+    def takes(source: Any) -> bool:
+        """True for unbatched in-memory arrays nested in tuples and dicts (a list inside the
+        nest is one tensor to tf.data, not rows to gather)."""
+        def plain(nest: Any) -> bool:
+            if isinstance(nest, dict):
+                return all(plain(v) for v in nest.values())
+            if isinstance(nest, tuple):
+                return all(plain(v) for v in nest)
+            return nest is not None and not isinstance(nest, list)
+
+        if not (isinstance(source, kd_data.ArraySource) and not source.batched and source.num_examples
+                and plain(source.arrays)):
+            return False
+        return sum(int(getattr(a, "nbytes", 0)) for a in kd_data.flatten_nest(source.arrays)) <= MAX_DYNAMIC_BYTES
+
+    def parts(self, epoch: int, first_step: int, num_steps: int, k: int) -> Iterator[tuple[int, Any]]:
+        """``(steps, rows)`` of each closure for steps ``first_step`` .. ``+ num_steps`` of
+        the epoch (`keras_distrib.data.epoch_parts`)."""
+        rows = kd_data.shard_rows(self.expected, self.num_shards, epoch=epoch, shuffle=self.shuffle, seed=self.seed)
+        return kd_data.epoch_parts(rows, self.batch_size, k, first_step, num_steps)
+
+
 class ParameterServerTrainer(Trainer):
     """Trains a compiled Keras 3 model asynchronously with a ParameterServerStrategy."""
 
@@ -221,6 +307,10 @@ class ParameterServerTrainer(Trainer):
                for i in range(self.num_workers)]
         self._shard_ids = private.per_worker_iterator(self.coordinator, ids, tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat())
         self._fns: dict[Any, Any] = {}  # training flag (or predict key) -> chunk function
+        #: Exact epochs of unbatched arrays handed out dynamically (`DynamicInput`); False:
+        #: fixed per-worker shards, as for every other input (a slow worker then holds the
+        #: epoch back).
+        self.dynamic_epochs = True
         #: Opt-in (changes the training semantics): each closure reads the variables once and
         #: computes all its K gradients at those values (see the module docstring).
         self.stale_reads = stale_reads
@@ -540,12 +630,16 @@ class ParameterServerTrainer(Trainer):
 
         @step_contract.compiled
         def run_chunk(iterator: Any, shard_ids: Any, num_steps: int, endless: bool = False,
-                      counted: bool = False) -> Any:
+                      counted: bool = False, batch_size: int = 0, rows: Any = None) -> Any:
             # num_steps is a Python int (K, or a remainder): a constant in the graph
             # instead of a chief tensor sent with every closure (at most two traces).
             # endless: every shard repeats and is not empty, so no step needs a guard.
             # counted: each element carries how many are left in its shard (`with_countdown`).
+            # rows: the part of the epoch the chief handed out (`DynamicInput`): the rows
+            # of its num_steps batches of batch_size, gathered from the whole arrays.
             shard = next(shard_ids)
+            if rows is not None:
+                iterator, endless, counted = _Gathered(next(iterator), rows, batch_size), True, False
             zeros = zeros_totals(metrics)
             if training and self.local_steps:  # opt-in: see the module docstring
                 start = (packing.read_packed(variables, groups), packing.read_packed(state_variables, state_groups),
@@ -582,13 +676,15 @@ class ParameterServerTrainer(Trainer):
     # ------------------------------------------------------------ input and runner
 
     def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool,
-               own_step: str | None = None, countdown: bool = True) -> PerWorkerInput:
+               own_step: str | None = None, countdown: bool = True) -> PerWorkerInput | DynamicInput:
         # own_step changes nothing here: a worker's shard is its own (never padded) and a
         # closure that finds it exhausted runs no step.
         if source.batched:
             batch_size = None
         elif batch_size is None:
             batch_size = step_contract.DEFAULT_BATCH_SIZE
+        if self.dynamic_epochs and countdown and not repeat and DynamicInput.takes(source):
+            return DynamicInput(self.coordinator, source, batch_size=batch_size, shuffle=shuffle, seed=seed)
         return PerWorkerInput(self.coordinator, source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat,
                               countdown=countdown)
 
@@ -619,18 +715,29 @@ class ParameterServerTrainer(Trainer):
         """
         traces: dict[tuple[Any, ...], Any] = {}
 
-        def schedule(*constants: Any) -> Any:
-            args = (iterator, self._shard_ids, *constants)
-            if constants not in traces:
-                traces[constants] = private.scheduled_concrete_function(self.coordinator, fn, args)
-            return self.coordinator.schedule(traces[constants], args=args)
+        def schedule(*constants: Any, rows: Any = None) -> Any:
+            args = (iterator, self._shard_ids, *constants) + (() if rows is None else (rows,))
+            key = constants if rows is None else (*constants, len(rows))
+            if key not in traces:
+                traces[key] = private.scheduled_concrete_function(self.coordinator, fn, args)
+            return self.coordinator.schedule(traces[key], args=args)
 
         return schedule
 
     def _run(self, inp: PerWorkerInput, epoch: int, *, training: bool, steps: int | None,
              hooks: ChunkHooks) -> Totals:
         """Schedule closures of K steps until the epoch is complete (see the module docstring)."""
-        fn, iterator = self._fn(training), inp.iterator(epoch)
+        fn = self._fn(training)
+        dynamic = isinstance(inp, DynamicInput)
+        iterator = inp.full if dynamic else inp.iterator(epoch)
+        if dynamic:
+            import tensorflow as tf
+
+            # A resumed training epoch (steps: what is left of it) continues where its
+            # checkpoint was; validation_steps takes the first steps.
+            first_step = inp.steps - min(steps, inp.steps) if training and steps is not None else 0
+            steps = inp.steps - first_step if steps is None else min(steps, inp.steps - first_step)
+            parts = inp.parts(epoch, first_step, steps, self.steps_per_execution)
         reset = self.metrics.reset_numpy()
         totals = Totals(reset)
         k = self.steps_per_execution
@@ -675,7 +782,11 @@ class ParameterServerTrainer(Trainer):
             while not stopped and not complete() and len(pending) < self._window(per_shard, done):
                 n = k if steps is None else min(k, steps - scheduled)
                 hooks.before(totals.steps + sum(m for m, _ in pending))
-                pending.append((n, schedule(n, inp.endless, inp.counted)))
+                if dynamic:  # the next part of the epoch, to whichever worker is free
+                    n, rows = next(parts)
+                    pending.append((n, schedule(n, True, False, inp.batch_size, rows=tf.constant(rows))))
+                else:
+                    pending.append((n, schedule(n, inp.endless, inp.counted, 0, None)))  # every argument: a trace binds all
                 scheduled += n
             if not pending:
                 break

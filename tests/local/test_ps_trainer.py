@@ -369,6 +369,40 @@ def test_arrays_are_counted_and_inputs_of_unknown_size_are_guarded(strategy: Any
     assert not counted(arrays, countdown=False)
 
 
+def test_arrays_are_handed_out_dynamically_and_other_inputs_keep_fixed_shards(strategy: Any) -> None:
+    """Which inputs a fit hands out in parts to whichever worker is free (issue 28):
+    unbatched arrays in tuples and dicts, without steps_per_epoch, unless turned off."""
+    import keras
+    import tensorflow as tf
+
+    from keras_distrib import data as kd
+    from keras_distrib.trainers.ps_async import DynamicInput, ParameterServerTrainer, PerWorkerInput
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    trainer = ParameterServerTrainer(model, strategy)
+    ids = np.arange(101, dtype=np.float32)
+
+    def kind(data: Any, **options: Any) -> type:
+        options = {"batch_size": 10, "shuffle": True, "seed": 0, "repeat": False, **options}
+        return type(trainer._input(kd.as_source(data), **options))
+
+    assert kind((ids, ids)) is DynamicInput
+    assert kind(({"a": ids, "b": ids}, ids)) is DynamicInput
+    assert kind((ids, ids), repeat=True) is PerWorkerInput  # steps_per_epoch: repeated shards
+    assert kind((ids, ids), countdown=False) is PerWorkerInput  # predict keeps keyed shards
+    assert kind(tf.data.Dataset.from_tensor_slices((ids, ids))) is PerWorkerInput
+    assert kind(kd.ArraySource((ids.reshape(-1, 1), ids.reshape(-1, 1)), batched=True)) is PerWorkerInput
+    inp = trainer._input(kd.as_source((ids, ids)), batch_size=10, shuffle=False, seed=None, repeat=False)
+    assert inp.steps == 11  # shards of 51 and 50 rows: 6 + 5 steps, as with fixed shards
+    with pytest.MonkeyPatch.context() as patch:  # too big to send each worker whole
+        patch.setattr("keras_distrib.trainers.ps_async.MAX_DYNAMIC_BYTES", ids.nbytes)
+        assert kind((ids, ids)) is PerWorkerInput
+    trainer.dynamic_epochs = False
+    assert kind((ids, ids)) is PerWorkerInput
+
+
 def test_disjoint_shards_every_example_once(cluster: PsCluster, strategy: Any) -> None:
     """Record the sample ids each closure saw: one shard per worker, none dropped (1001/2)."""
     import tensorflow as tf

@@ -1,0 +1,62 @@
+"""The parts of an epoch handed out dynamically in the parameter-server layouts (issue 28):
+every row once, the steps of fixed shards, the same rows whoever runs them and wherever a
+resumed epoch starts."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from keras_distrib.data import epoch_parts, shard_rows, shard_sizes
+
+pytestmark = pytest.mark.unit
+
+
+def _steps_of_fixed_shards(n: int, shards: int, batch: int) -> int:
+    return sum(-(-size // batch) for size in shard_sizes(n, shards))
+
+
+@pytest.mark.parametrize("n, shards, batch, k, shuffle", [
+    (n, shards, batch, k, shuffle)
+    for n, shards, batch, k, shuffle in itertools.product((1, 2, 7, 100, 1347), (1, 2, 3), (1, 4, 32), (1, 3, 10),
+                                                          (False, True))
+])
+def test_every_row_once_in_the_steps_of_fixed_shards(n: int, shards: int, batch: int, k: int, shuffle: bool) -> None:
+    rows = shard_rows(n, shards, epoch=2, shuffle=shuffle, seed=5)
+    parts = list(epoch_parts(rows, batch, k))
+    seen = np.concatenate([r for _, r in parts]) if parts else np.array([], np.int64)
+    assert sorted(seen.tolist()) == list(range(n))
+    assert sum(steps for steps, _ in parts) == _steps_of_fixed_shards(n, shards, batch)
+    for steps, part in parts:
+        assert 1 <= steps <= k
+        assert (steps - 1) * batch < len(part) <= steps * batch  # only a shard's last batch is short
+        assert len({int(r) % shards for r in part}) == 1  # one shard's rows
+
+
+def test_a_resumed_epoch_trains_exactly_the_rows_left() -> None:
+    rows = shard_rows(1347, 3, epoch=4, shuffle=True, seed=0)
+    full = list(epoch_parts(rows, 32, 10))
+    total = sum(steps for steps, _ in full)
+    flat = np.concatenate([r for _, r in full])
+    for first in range(total):
+        rest = list(epoch_parts(rows, 32, 10, first, total - first))
+        assert sum(steps for steps, _ in rest) == total - first
+        tail = np.concatenate([r for _, r in rest])
+        assert (flat[-len(tail):] == tail).all(), first
+
+
+def test_validation_steps_take_the_first_steps() -> None:
+    rows = shard_rows(100, 2, epoch=0, shuffle=False, seed=None)
+    assert [steps for steps, _ in epoch_parts(rows, 4, 10, 0, 13)] == [10, 3]
+
+
+def test_each_epoch_a_new_order_reproducible_from_the_seed() -> None:
+    def order(epoch: int, seed: int) -> list[int]:
+        return np.concatenate(shard_rows(500, 2, epoch=epoch, shuffle=True, seed=seed)).tolist()
+
+    assert order(1, 0) == order(1, 0)
+    assert order(1, 0) != order(2, 0)
+    assert order(1, 0) != order(1, 1)
+    assert np.concatenate(shard_rows(5, 2, epoch=3, shuffle=False, seed=1)).tolist() == [0, 2, 4, 1, 3]
