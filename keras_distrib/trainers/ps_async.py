@@ -232,6 +232,11 @@ class DynamicInput:
     closure; the parts of an epoch are a fixed sequence (shards taken in turn), so a
     mid-epoch checkpoint resumes at exactly the next part.
 
+    Not TensorFlow's tf.data service (``ShardingPolicy.DYNAMIC``): its guarantee is at most
+    once, in an order that is not reproducible ("some may be missed if a tf.data service
+    worker gets restarted", its API docs, TF 2.21), which neither exact epochs nor an exact
+    resume allow, and it needs a dispatcher and workers of its own.
+
     For unbatched in-memory arrays (`keras_distrib.data.ArraySource`) up to
     `MAX_DYNAMIC_BYTES` only; every other input keeps fixed per-worker shards
     (`PerWorkerInput`).
