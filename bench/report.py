@@ -13,7 +13,8 @@ from pathlib import Path
 
 from _harness import RESULTS
 
-ORDER = ("ps_throughput", "ps_step_breakdown", "sync_throughput", "input_stall", "launch_overhead", "shutdown_latency", "plan_scaling")
+ORDER = ("ps_throughput", "ps_step_breakdown", "sync_throughput", "input_stall", "launch_overhead", "shutdown_latency", "plan_scaling",
+         "straggler")
 
 
 def main() -> None:
