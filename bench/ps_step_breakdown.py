@@ -15,7 +15,7 @@ model on the same data (bench/_train_jobs.py):
 * ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps_async.py), with
   ``steps_per_epoch`` (the input repeats: no guard per step);
 * ``keras_distrib_exact_epochs``: the same without ``steps_per_epoch``, one exact pass
-  per epoch over as many batches (every step guarded against the end of its shard);
+  per epoch over as many batches (arrays: handed out in parts of K known steps);
 * ``keras_distrib_stale_reads``: the same with the opt-in ``ps_stale_reads=True`` (one
   variable read per closure; changes the training semantics, see docs/training.md);
 * ``keras_distrib_local_steps``: the same with the opt-in ``ps_local_steps=True`` (K local
@@ -51,7 +51,7 @@ INCREMENTS = [
     ("+ packed variable read from the ps", "ps_chunk_read", "ps_chunk_compute"),
     ("+ packed gradient send and apply on the ps (- local apply)", "ps_chunk_read_send", "ps_chunk_read"),
     ("+ trainer bookkeeping (step counter, metrics, epochs, chief)", "keras_distrib", "ps_chunk_read_send"),
-    ("+ a guard per step (exact epochs: no steps_per_epoch)", "keras_distrib_exact_epochs", "keras_distrib"),
+    ("+ exact epochs (no steps_per_epoch)", "keras_distrib_exact_epochs", "keras_distrib"),
 ]
 
 
