@@ -38,6 +38,11 @@ Design notes (why):
   known) or every shard reported exhaustion. Closures that land on an exhausted worker
   return at once. With ``steps_per_epoch`` the iterators repeat and exactly that many
   steps run per epoch.
+* Dynamic epochs (issue 28): with fixed shards an epoch ends when the slowest worker has
+  finished its own. Unbatched arrays are handed out in parts instead (`DynamicInput`):
+  every worker holds them whole, and each closure gets the row numbers of up to K steps
+  of some shard, so a slow worker runs fewer parts, and no step needs a guard (each
+  part's size is known). Measured: bench/straggler.py (row 16), bench row 13.
 * Guards: a step that may find its shard ended runs in a ``tf.cond``; one per step ran at
   0.8x the steps/s of one per closure (an ad-hoc 3-round A/B, 2026-11-26, on the MLP of
   bench/_train_jobs.py, 1 worker + 1 ps: 144 against 181; 204 with ``steps_per_epoch``).
@@ -96,6 +101,7 @@ Design notes (why):
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any, Callable, Iterator
 
@@ -108,6 +114,8 @@ from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, pack_totals, step_totals, unpack, unpack_totals, zeros_totals
 from .lookups import warn_tables_on_the_chief
 from .placement import placement_scope
+
+logger = logging.getLogger(__name__)
 
 _BOTH_MODES = ("ps_stale_reads and ps_local_steps cannot both be on. HINT: choose one of them "
                "(or neither, the default).")
@@ -732,12 +740,12 @@ class ParameterServerTrainer(Trainer):
     def _run(self, inp: PerWorkerInput, epoch: int, *, training: bool, steps: int | None,
              hooks: ChunkHooks) -> Totals:
         """Schedule closures of K steps until the epoch is complete (see the module docstring)."""
+        import tensorflow as tf
+
         fn = self._fn(training)
         dynamic = isinstance(inp, DynamicInput)
         iterator = inp.full if dynamic else inp.iterator(epoch)
         if dynamic:
-            import tensorflow as tf
-
             # A resumed training epoch (steps: what is left of it) continues where its
             # checkpoint was; validation_steps takes the first steps.
             first_step = inp.steps - min(steps, inp.steps) if training and steps is not None else 0
@@ -767,8 +775,18 @@ class ParameterServerTrainer(Trainer):
             self.worker_steps = done
 
         def fold_oldest() -> None:
-            _, rv = pending.popleft()
-            vector, logs = rv.fetch(), None
+            n, rv = pending.popleft()
+            try:
+                vector, logs = rv.fetch(), None
+            except (tf.errors.UnavailableError, tf.errors.AbortedError):
+                # The closure ran (a failed one is re-run by the coordinator, and its
+                # value is set only by a run that finished), but its worker was lost
+                # before the chief copied the result off it. Its updates and steps are
+                # on the ps (the step counter stays exact); only its logs are gone.
+                logger.warning("the result of a closure (%d steps) was lost with its worker before "
+                               "the chief read it; its updates were applied, its loss and metrics are missing "
+                               "from this epoch's logs.", n)
+                return
             if isinstance(vector, dict):  # the model's own step: its logs come along
                 vector, logs = vector["vector"], vector["logs"]
             if vector[1]:
