@@ -51,7 +51,7 @@ def shard_rows(n: int, num_shards: int, *, epoch: int, shuffle: bool, seed: int 
     a permutation drawn from (seed, epoch, shard) with ``shuffle``, else in order."""
     import numpy as np
 
-    rows = [np.arange(j, n, num_shards, dtype=np.int64) for j in range(num_shards)]
+    rows = [np.asarray(shard_indices(n, j, num_shards), dtype=np.int64) for j in range(num_shards)]
     if shuffle:
         rows = [np.random.default_rng([int(seed or 0), int(epoch), j]).permutation(r) for j, r in enumerate(rows)]
     return rows
