@@ -51,7 +51,8 @@ def steps_per_epoch(layout: str, workers: int, n: int, replicas_per_worker: int 
 
 
 def run_single(env: dict[str, str] | None = None) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2",
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2",
            **(env or {})}
     for key in ("TF_CONFIG", "KERAS_DISTRIB_LAYOUT"):
         env.pop(key, None)

@@ -99,7 +99,8 @@ finally:
 
 @pytest.fixture(scope="module")
 def outcome() -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+           "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("TF_CONFIG", None)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO / "tests" / "local")], env=env,
                           capture_output=True, text=True, timeout=600)
