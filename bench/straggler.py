@@ -2,15 +2,17 @@
 layout, exact epochs (no ``steps_per_epoch``), and what the dynamic hand-out costs when no
 worker is slow (issue 28).
 
-    python bench/straggler.py [--smoke] [--rounds 3] [--workers 2,3]
+    python bench/straggler.py [--smoke] [--rounds 3] [--workers 2,3] [--inputs arrays,tfdata]
 
 Local mode, ps-per-node, one node per worker, an MLP on 12,001 synthetic rows (64 features,
 batch 32, K=10 steps per closure, 6 epochs). From the end of epoch 1 on, the last worker's
 server is stopped 50 ms out of every 100 ms (SIGSTOP/SIGCONT), so it runs at about half
 speed; the epoch time is the median over epochs 3-6 (`trainer.epoch_stats`).
-* slowed / undisturbed, with the epoch handed out dynamically (`DynamicInput`, the default
-  for arrays) and with fixed per-worker shards (``trainer.dynamic_epochs = False``, what
-  every other input gets). The dynamic ideal is N / (N - 1/2): x1.33 for 2 workers, x1.2
+* Inputs: in-memory arrays (``fit(model, (x, y), batch_size=32)``) and a ``tf.data`` of known
+  size (``from_tensor_slices((x, y)).shuffle(n).batch(32)``). The smoke run: tf.data only.
+* slowed / undisturbed, with the epoch handed out dynamically (`DynamicInput`,
+  `DynamicDatasetInput`, the default for both) and with fixed per-worker shards
+  (``trainer.dynamic_epochs = False``, what every other input gets). The dynamic ideal is N / (N - 1/2): x1.33 for 2 workers, x1.2
   for 3; fixed shards tend to x2.
 * The slow worker's share of the epoch's steps (the per-epoch line's figures), dynamic.
 * No slow worker: steps/s dynamic vs fixed shards (the cost of the hand-out).
@@ -41,6 +43,7 @@ SCRIPT = textwrap.dedent(
     import keras_distrib
     strategy = keras_distrib.strategy()
     import keras
+    import tensorflow as tf
 
     marker, epochs, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 
@@ -60,7 +63,11 @@ SCRIPT = textwrap.dedent(
     from keras_distrib.trainers import trainer_for
     trainer = trainer_for(model)
     trainer.dynamic_epochs = os.environ["BENCH_DYNAMIC"] == "1"
-    keras_distrib.fit(model, (x, y), epochs=epochs, batch_size=32, verbose=0, callbacks=[Mark()])
+    if os.environ["BENCH_INPUT"] == "tfdata":
+        data, kw = (tf.data.Dataset.from_tensor_slices((x, y)).shuffle(rows, seed=1).batch(32),), {}
+    else:
+        data, kw = ((x, y),), {"batch_size": 32}
+    keras_distrib.fit(model, *data, epochs=epochs, verbose=0, callbacks=[Mark()], **kw)
     if keras_distrib.cluster().is_chief:
         print("STATS", json.dumps(trainer.epoch_stats), flush=True)
     """
@@ -84,7 +91,8 @@ def duty_cycle(pid: int, stop: threading.Event, off: float = 0.05, period: float
             pass
 
 
-def run(workdir: Path, workers: int, *, dynamic: bool, slowed: bool, epochs: int, rows: int) -> list[dict]:
+def run(workdir: Path, workers: int, *, dynamic: bool, slowed: bool, epochs: int, rows: int,
+        inputs: str = "arrays") -> list[dict]:
     """One job; its epoch_stats (seconds, steps, worker_steps_per_sec per epoch)."""
     script = workdir / "straggler_job.py"
     script.write_text(SCRIPT)
@@ -93,7 +101,7 @@ def run(workdir: Path, workers: int, *, dynamic: bool, slowed: bool, epochs: int
         [sys.executable, "-m", "keras_distrib.local", "--nodes", str(workers), "--layout", "ps-per-node",
          "--port-base", str(free_port_base(3 * workers + 2)), "--startup-timeout", "600", str(script),
          str(marker), str(epochs), str(rows)],
-        cwd=workdir, env=child_env(BENCH_DYNAMIC="1" if dynamic else "0"), stdout=subprocess.PIPE,
+        cwd=workdir, env=child_env(BENCH_DYNAMIC="1" if dynamic else "0", BENCH_INPUT=inputs), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )
     lines: list[str] = []
@@ -138,42 +146,47 @@ def slow_share(stats: list[dict], workers: int) -> float:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--workers", default="2,3", help="worker counts to measure (default 2,3)")
+    p.add_argument("--inputs", default="arrays,tfdata", help="input kinds to measure (default arrays,tfdata)")
     args = p.parse_args()
+    kinds = ["tfdata"] if args.smoke else args.inputs.split(",")
     rounds = 1 if args.smoke else args.rounds
     counts = [2] if args.smoke else [int(n) for n in args.workers.split(",")]
     epochs, rows = (4, 3001) if args.smoke else (6, 12001)
     comparisons, shares = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for n in counts:
+        for kind, n in [(kind, n) for kind in kinds for n in counts]:
             ideal = n / (n - 0.5)
             sides = {dynamic: Comparison(
-                f"{n} workers, one at half speed, {'dynamic hand-out' if dynamic else 'fixed shards'}: epoch s "
+                f"{kind}, {n} workers, one at half speed, {'dynamic hand-out' if dynamic else 'fixed shards'}: epoch s "
                 f"(ideal x{ideal:.2f})", "slowed", "undisturbed", "s",
                 target=f"<= {1.1 * ideal:.2f}" if dynamic else "reported") for dynamic in (True, False)}
-            cost = Comparison(f"{n} workers, none slow: dynamic hand-out vs fixed shards", "dynamic", "fixed", "steps/s",
-                              target=">= 0.97")
-            shares[n] = []
+            cost = Comparison(f"{kind}, {n} workers, none slow: dynamic hand-out vs fixed shards", "dynamic", "fixed",
+                              "steps/s", target=">= 0.97")
+            key = f"{n}" if kind == "arrays" else f"{kind}-{n}"
+            shares[key] = []
             for i in range(rounds):
                 for dynamic in ((True,) if args.smoke else (True, False)):
-                    slowed = run(work, n, dynamic=dynamic, slowed=True, epochs=epochs, rows=rows)
-                    calm = run(work, n, dynamic=dynamic, slowed=False, epochs=epochs, rows=rows)
+                    slowed = run(work, n, dynamic=dynamic, slowed=True, epochs=epochs, rows=rows, inputs=kind)
+                    calm = run(work, n, dynamic=dynamic, slowed=False, epochs=epochs, rows=rows, inputs=kind)
                     sides[dynamic].a.append(epoch_seconds(slowed))
                     sides[dynamic].b.append(epoch_seconds(calm))
                     if dynamic:
-                        shares[n].append(slow_share(slowed, n))
+                        shares[key].append(slow_share(slowed, n))
                         cost.a.append(statistics.median(s["steps_per_sec"] for s in calm[2:]))
                     else:
                         cost.b.append(statistics.median(s["steps_per_sec"] for s in calm[2:]))
-                    print(f"  {n} workers round {i + 1}/{rounds} dynamic={dynamic}: slowed {sides[dynamic].a[-1]:.2f} s, "
-                          f"undisturbed {sides[dynamic].b[-1]:.2f} s", file=sys.stderr, flush=True)
+                    print(f"  {kind}, {n} workers round {i + 1}/{rounds} dynamic={dynamic}: slowed "
+                          f"{sides[dynamic].a[-1]:.2f} s, undisturbed {sides[dynamic].b[-1]:.2f} s",
+                          file=sys.stderr, flush=True)
             comparisons.append(sides[True])
             if not args.smoke:
                 comparisons += [sides[False], cost]
     print_table("Stragglers (parameter-server layout, exact epochs)", comparisons)
     for n, values in shares.items():
-        print(f"{n} workers: the slow worker ran {statistics.median(values):.2f} of the steps (even: {1 / n:.2f})")
-    save("straggler", comparisons, {"slow_worker_share": {str(n): v for n, v in shares.items()}}, out=args.out)
+        workers = int(n.rsplit("-", 1)[-1])
+        print(f"{n} workers: the slow worker ran {statistics.median(values):.2f} of the steps (even: {1 / workers:.2f})")
+    save("straggler", comparisons, {"slow_worker_share": shares}, out=args.out)
 
 
 if __name__ == "__main__":

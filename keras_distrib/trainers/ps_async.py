@@ -42,7 +42,10 @@ Design notes (why):
   finished its own. Unbatched arrays are handed out in parts instead (`DynamicInput`):
   every worker holds them whole, and each closure gets the row numbers of up to K steps
   of some shard, so a slow worker runs fewer parts, and no step needs a guard (each
-  part's size is known). Measured: bench/straggler.py (row 16), bench row 13.
+  part's size is known). A ``tf.data.Dataset`` of known size likewise
+  (`DynamicDatasetInput`): every worker reads the same numbered stream of the fixed
+  shards' batches and each closure gets the number of its first batch.
+  Measured: bench/straggler.py (row 16), bench row 13.
 * Guards: a step that may find its shard ended runs in a ``tf.cond``; one per step ran at
   0.8x the steps/s of one per closure (an ad-hoc 3-round A/B, 2026-11-26, on the MLP of
   bench/_train_jobs.py, 1 worker + 1 ps: 144 against 181; 204 with ``steps_per_epoch``).
@@ -129,6 +132,9 @@ MAX_UNROLLED_VARIABLE_STEPS = 4000
 #: them whole, sent as a constant of a graph, which protobuf caps at 2 GiB); bigger ones
 #: keep fixed shards (1/k of them per worker).
 MAX_DYNAMIC_BYTES = 1 << 30
+
+#: The number of the empty batches after the end of a `DynamicDatasetInput` stream.
+PAST_THE_END = 1 << 62
 
 
 def with_countdown(ds: Any) -> Any:
@@ -295,6 +301,114 @@ class DynamicInput:
         return kd_data.epoch_parts(rows, self.batch_size, k, first_step, num_steps)
 
 
+class DynamicDatasetInput:
+    """Exact epochs of a ``tf.data.Dataset`` of known size handed out dynamically (issue 28).
+
+    Every worker builds the same stream of the epoch (the dataset's own shuffles are seeded
+    alike on every worker, as with fixed shards: `keras_distrib.data.DatasetSource`) and
+    cuts it into the batches fixed shards would give: of each run of ``k * B`` elements,
+    rows ``s, s + k, ...`` are shard ``s``'s next batch, so the batches and the steps of an
+    epoch are the same. The stream is numbered; a closure gets the number of its first
+    batch (its part: up to K batches in a row), reads past the batches other workers took
+    and trains on its own. Every worker reads the whole epoch, as it does with fixed shards
+    (``Dataset.shard`` keeps 1 element in k of the whole pipeline).
+
+    A worker takes its closures in order, so its stream only moves forward; a closure the
+    coordinator re-runs on another worker (its first worker was lost) may find that
+    worker's stream past its part: it runs no step and says so, and the chief runs the part
+    again on fresh streams (`ParameterServerTrainer._run`).
+
+    For datasets whose elements are plain tensors of known rank (no ragged or sparse parts),
+    and whose size tf.data knows or one pass counted.
+    """
+
+    repeat = False
+    endless = False
+    counted = False
+    per_shard = None
+
+    def __init__(self, coordinator: Any, source: Any, *, batch_size: int | None, shuffle: bool,
+                 seed: int | None) -> None:
+        import tensorflow as tf
+
+        self.coordinator, self.source, self.batch_size = coordinator, source, batch_size
+        k = self.num_shards = len(private.coordinator_workers(coordinator))
+
+        def stream(epoch: Any) -> Any:
+            order = kd_data.Order(shuffle=shuffle, seed=seed, epoch=epoch)
+            ds = source.epoch_elements(0, 1, order)  # the whole epoch, in the order every worker draws
+            if not source.batched:
+                def shard_batches(*rows: Any) -> Any:
+                    rows = rows[0] if len(rows) == 1 else rows  # tf.data spreads a tuple over arguments
+
+                    def batch_of(s: Any) -> Any:
+                        return tf.nest.map_structure(lambda a: a[s::k], rows)
+
+                    return tf.data.Dataset.range(k).map(batch_of)
+
+                ds = ds.batch(k * batch_size).flat_map(shard_batches)
+                ds = ds.filter(lambda *b: tf.shape(tf.nest.flatten(b)[0])[0] > 0)  # a short run's empty shards
+                ds = source.finish_batches(ds)
+            # Past the epoch's last batch, an endless empty one numbered beyond every part:
+            # a stream that a re-run part finds at its end reads as "behind", not an error.
+            empty = tf.nest.map_structure(
+                lambda spec: tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype), ds.element_spec)
+            end = tf.data.Dataset.from_tensors((tf.constant(PAST_THE_END, tf.int64), empty)).repeat()
+            return ds.enumerate().prefetch(tf.data.AUTOTUNE).concatenate(end)
+
+        self.sample = kd_data.pipeline(source, 0, 1, batch_size=batch_size, shuffle=False, seed=seed,
+                                       repeat=False)  # for the chief's metrics
+        self._concrete = tf.function(stream, input_signature=[tf.TensorSpec([], tf.int64)]).get_concrete_function()
+        self.expected = source.num_examples
+        #: Steps of one epoch: the batches of every shard (each shard's last one may be short).
+        self.steps = sum(steps_for_shards(source.num_examples, k, None if source.batched else batch_size))
+
+    @staticmethod
+    def takes(source: Any) -> bool:
+        """True for a `keras_distrib.data.DatasetSource` of known size whose elements are
+        plain tensors of known rank (a batch is cut by rows; the end is an empty batch)."""
+        import tensorflow as tf
+
+        if not isinstance(source, kd_data.DatasetSource) or not source.num_examples:
+            return False
+        specs = tf.nest.flatten(source.dataset.element_spec)
+        return all(type(s) is tf.TensorSpec and s.shape.rank is not None for s in specs)
+
+    def iterator(self, epoch: int) -> Any:
+        """Fresh streams of ``epoch``, one per worker, at its first batch."""
+        import tensorflow as tf
+
+        make = lambda: iter(self._concrete(tf.constant(epoch, tf.int64)))  # noqa: E731
+        return private.per_worker_iterator(self.coordinator, [make] * self.num_shards,
+                                           self._concrete.structured_outputs)
+
+    def parts(self, epoch: int, first_step: int, num_steps: int, k: int) -> Iterator[tuple[int, int]]:
+        """``(steps, number of the first batch)`` of each closure: K batches in a row."""
+        for at in range(first_step, first_step + num_steps, k):
+            yield min(k, first_step + num_steps - at), at
+
+
+class _Skipped:
+    """A numbered stream (``(number, batch)``) moved past the batches before ``first``, as the
+    batches of one closure (the trace-time Python of the steps calls ``next()``);
+    ``behind``: the stream was already past ``first`` (see `DynamicDatasetInput`)."""
+
+    def __init__(self, iterator: Any, first: Any) -> None:
+        import tensorflow as tf
+
+        number, batch = iterator.get_next()
+        number, batch = tf.while_loop(lambda i, _: i < first, lambda i, _: iterator.get_next(), (number, batch))
+        self.behind = number > first
+        self._iterator, self._batch = iterator, batch
+        self.element_spec = iterator.element_spec[1]
+
+    def __next__(self) -> Any:
+        if self._batch is not None:
+            batch, self._batch = self._batch, None
+            return batch
+        return next(self._iterator)[1]
+
+
 class ParameterServerTrainer(Trainer):
     """Trains a compiled Keras 3 model asynchronously with a ParameterServerStrategy."""
 
@@ -320,7 +434,8 @@ class ParameterServerTrainer(Trainer):
                for i in range(self.num_workers)]
         self._shard_ids = private.per_worker_iterator(self.coordinator, ids, tf.data.Dataset.from_tensors(tf.constant(0, tf.int64)).repeat())
         self._fns: dict[Any, Any] = {}  # training flag (or predict key) -> chunk function
-        #: Exact epochs of unbatched arrays handed out dynamically (`DynamicInput`); False:
+        #: Exact epochs of unbatched arrays and tf.data of known size handed out dynamically
+        #: (`DynamicInput`, `DynamicDatasetInput`); False:
         #: fixed per-worker shards, as for every other input (a slow worker then holds the
         #: epoch back).
         self.dynamic_epochs = True
@@ -650,14 +765,27 @@ class ParameterServerTrainer(Trainer):
             # counted: each element carries how many are left in its shard (`with_countdown`).
             # rows: the part of the epoch the chief handed out (`DynamicInput`): the rows
             # of its num_steps batches of batch_size, gathered from the whole arrays.
+            # rows, a scalar: the number of the first batch of this closure's part of a
+            # numbered stream (`DynamicDatasetInput`).
             shard = next(shard_ids)
-            if rows is not None:
+            behind = None
+            if rows is not None and rows.shape.rank == 0:
+                iterator, endless, counted = _Skipped(iterator, rows), True, False
+                behind = iterator.behind
+            elif rows is not None:
                 iterator, endless, counted = _Gathered(next(iterator), rows, batch_size), True, False
+
+            def run_steps(iterator: Any, carry: tuple[Any, ...], *args: Any) -> tuple[Any, ...]:
+                if behind is None:
+                    return steps(iterator, carry, *args)
+                # A part its stream had passed runs no step; "exhausted" tells the chief.
+                return tf.cond(behind, lambda: (carry[0], tf.constant(True), *carry[2:]),
+                               lambda: steps(iterator, carry, *args))
             zeros = zeros_totals(metrics)
             if training and self.local_steps:  # opt-in: see the module docstring
                 start = (packing.read_packed(variables, groups), packing.read_packed(state_variables, state_groups),
                          packing.read_packed(opt_floats, opt_groups), tf.cast(step.read_value(), opt.iterations.dtype))
-                totals, exhausted, end = steps(iterator, (zeros, tf.constant(False), start), num_steps, endless,
+                totals, exhausted, end = run_steps(iterator, (zeros, tf.constant(False), start), num_steps, endless,
                                                counted, one_local_step)
                 updates = (packing.add_packed(variables, groups, start[0], end[0])
                            + packing.add_changes(state_variables, start[1], end[1])
@@ -670,13 +798,13 @@ class ParameterServerTrainer(Trainer):
             if training and self.stale_reads:  # opt-in: one read per closure (module docstring)
                 values = packing.read_packed(variables, groups)
                 stale = (zeros, tf.constant(False), packing.read_packed(state_variables, state_groups))
-                totals, exhausted, _ = steps(iterator, stale, num_steps, endless, counted,
+                totals, exhausted, _ = run_steps(iterator, stale, num_steps, endless, counted,
                                              lambda it, c, endless: one_stale_step(it, c, values, endless))
                 logs = ()  # no annotation: AutoGraph cannot convert an annotated name it makes nonlocal
             else:
                 unroll = num_steps <= MAX_UNROLLED_STEPS and num_steps * len(variables) <= MAX_UNROLLED_VARIABLE_STEPS
                 carry = (zeros, tf.constant(False), first_logs(iterator, counted))
-                totals, exhausted, logs = steps(iterator, carry, num_steps, endless, counted, one_step, unroll)
+                totals, exhausted, logs = run_steps(iterator, carry, num_steps, endless, counted, one_step, unroll)
             return finish(shard, totals, exhausted, logs, [tf.identity(opt.iterations.value)] if training else [])
 
         return run_chunk
@@ -689,7 +817,7 @@ class ParameterServerTrainer(Trainer):
     # ------------------------------------------------------------ input and runner
 
     def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool,
-               own_step: str | None = None, countdown: bool = True) -> PerWorkerInput | DynamicInput:
+               own_step: str | None = None, countdown: bool = True) -> PerWorkerInput | DynamicInput | DynamicDatasetInput:
         # own_step changes nothing here: a worker's shard is its own (never padded) and a
         # closure that finds it exhausted runs no step.
         if source.batched:
@@ -698,6 +826,8 @@ class ParameterServerTrainer(Trainer):
             batch_size = step_contract.DEFAULT_BATCH_SIZE
         if self.dynamic_epochs and countdown and not repeat and DynamicInput.takes(source):
             return DynamicInput(self.coordinator, source, batch_size=batch_size, shuffle=shuffle, seed=seed)
+        if self.dynamic_epochs and countdown and not repeat and DynamicDatasetInput.takes(source):
+            return DynamicDatasetInput(self.coordinator, source, batch_size=batch_size, shuffle=shuffle, seed=seed)
         return PerWorkerInput(self.coordinator, source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat,
                               countdown=countdown)
 
@@ -730,7 +860,7 @@ class ParameterServerTrainer(Trainer):
 
         def schedule(*constants: Any, rows: Any = None) -> Any:
             args = (iterator, self._shard_ids, *constants) + (() if rows is None else (rows,))
-            key = constants if rows is None else (*constants, len(rows))
+            key = constants if rows is None else (*constants, tuple(rows.shape))
             if key not in traces:
                 traces[key] = private.scheduled_concrete_function(self.coordinator, fn, args)
             return self.coordinator.schedule(traces[key], args=args)
@@ -743,8 +873,9 @@ class ParameterServerTrainer(Trainer):
         import tensorflow as tf
 
         fn = self._fn(training)
-        dynamic = isinstance(inp, DynamicInput)
-        iterator = inp.full if dynamic else inp.iterator(epoch)
+        dynamic = isinstance(inp, (DynamicInput, DynamicDatasetInput))
+        stream = isinstance(inp, DynamicDatasetInput)
+        iterator = inp.full if isinstance(inp, DynamicInput) else inp.iterator(epoch)
         if dynamic:
             # A resumed training epoch (steps: what is left of it) continues where its
             # checkpoint was; validation_steps takes the first steps.
@@ -774,8 +905,10 @@ class ParameterServerTrainer(Trainer):
         if training:
             self.worker_steps = done
 
+        missed: deque = deque()  # parts a re-run closure found its stream past (`DynamicDatasetInput`)
+
         def fold_oldest() -> None:
-            n, rv = pending.popleft()
+            n, rv, part = pending.popleft()
             try:
                 vector, logs = rv.fetch(), None
             except (tf.errors.UnavailableError, tf.errors.AbortedError):
@@ -789,6 +922,9 @@ class ParameterServerTrainer(Trainer):
                 return
             if isinstance(vector, dict):  # the model's own step: its logs come along
                 vector, logs = vector["vector"], vector["logs"]
+            if vector[1] and stream:
+                missed.append((n, part))
+                return
             if vector[1]:
                 exhausted.add(int(vector[0]))
             out = unpack_totals(vector[2:], reset)
@@ -802,14 +938,22 @@ class ParameterServerTrainer(Trainer):
         schedule = self._scheduler(fn, iterator)
         stopped = False
         while True:
+            if missed:
+                # Fresh streams, all at the epoch's start: every worker reads forward again.
+                logger.info("re-running %d part(s) of the epoch that a re-run closure could not reach", len(missed))
+                schedule = self._scheduler(fn, inp.iterator(epoch))
+                for n, part in sorted(missed, key=lambda m: m[1]):  # in stream order: each runs
+                    pending.append((n, schedule(n, True, False, 0, rows=tf.constant(part, tf.int64)), part))
+                missed.clear()
             while not stopped and not complete() and len(pending) < self._window(per_shard, done):
                 n = k if steps is None else min(k, steps - scheduled)
-                hooks.before(totals.steps + sum(m for m, _ in pending))
+                hooks.before(totals.steps + sum(m for m, _, _ in pending))
                 if dynamic:  # the next part of the epoch, to whichever worker is free
-                    n, rows = next(parts)
-                    pending.append((n, schedule(n, True, False, inp.batch_size, rows=tf.constant(rows))))
-                else:
-                    pending.append((n, schedule(n, inp.endless, inp.counted, 0, None)))  # every argument: a trace binds all
+                    n, part = next(parts)
+                    rows = tf.constant(part, tf.int64)
+                    pending.append((n, schedule(n, True, False, 0 if stream else inp.batch_size, rows=rows), part))
+                else:  # every argument: a trace binds all
+                    pending.append((n, schedule(n, inp.endless, inp.counted, 0, None), None))
                 scheduled += n
             if not pending:
                 break

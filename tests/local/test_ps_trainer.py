@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import logging
 import os
 import re
 import subprocess
@@ -376,7 +377,7 @@ def test_arrays_are_handed_out_dynamically_and_other_inputs_keep_fixed_shards(st
     import tensorflow as tf
 
     from keras_distrib import data as kd
-    from keras_distrib.trainers.ps_async import DynamicInput, ParameterServerTrainer, PerWorkerInput
+    from keras_distrib.trainers.ps_async import DynamicDatasetInput, DynamicInput, ParameterServerTrainer, PerWorkerInput
 
     with strategy.scope():
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
@@ -392,7 +393,11 @@ def test_arrays_are_handed_out_dynamically_and_other_inputs_keep_fixed_shards(st
     assert kind(({"a": ids, "b": ids}, ids)) is DynamicInput
     assert kind((ids, ids), repeat=True) is PerWorkerInput  # steps_per_epoch: repeated shards
     assert kind((ids, ids), countdown=False) is PerWorkerInput  # predict keeps keyed shards
-    assert kind(tf.data.Dataset.from_tensor_slices((ids, ids))) is PerWorkerInput
+    assert kind(tf.data.Dataset.from_tensor_slices((ids, ids))) is DynamicDatasetInput
+    assert kind(tf.data.Dataset.from_tensor_slices((ids, ids)).batch(7)) is DynamicDatasetInput
+    assert kind(tf.data.Dataset.from_tensor_slices((ids, ids)).filter(lambda a, b: a > 3)) is PerWorkerInput  # size unknown
+    sparse = tf.data.Dataset.from_tensor_slices((ids, ids)).map(lambda a, b: (tf.sparse.from_dense([a]), b))
+    assert kind(sparse) is PerWorkerInput  # rows of a sparse batch are not cut here
     assert kind(kd.ArraySource((ids.reshape(-1, 1), ids.reshape(-1, 1)), batched=True)) is PerWorkerInput
     inp = trainer._input(kd.as_source((ids, ids)), batch_size=10, shuffle=False, seed=None, repeat=False)
     assert inp.steps == 11  # shards of 51 and 50 rows: 6 + 5 steps, as with fixed shards
@@ -401,6 +406,83 @@ def test_arrays_are_handed_out_dynamically_and_other_inputs_keep_fixed_shards(st
         assert kind((ids, ids)) is PerWorkerInput
     trainer.dynamic_epochs = False
     assert kind((ids, ids)) is PerWorkerInput
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_tf_data_stream_holds_the_batches_of_the_fixed_shards(strategy: Any, workers: int) -> None:
+    """`DynamicDatasetInput`'s numbered stream (what every worker reads) is, batch for batch,
+    the fixed shards' batches (their union, each once), in every epoch of a reshuffled
+    dataset: sizes that do not divide, 2 and 3 shards, unbatched and batched."""
+    import tensorflow as tf
+
+    from keras_distrib import data as kd
+    from keras_distrib.trainers import _private_apis
+    from keras_distrib.trainers.ps_async import PAST_THE_END, DynamicDatasetInput
+
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+
+    def rows(batch: Any) -> tuple[tuple[int, ...], ...]:
+        columns = [np.asarray(leaf) for leaf in tf.nest.flatten(batch)]
+        return tuple(tuple(int(v) for v in (c if c.ndim == 1 else c[:, 0])) for c in columns)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_private_apis, "coordinator_workers", lambda c: list(range(workers)))
+        for n, batch, batched in [(1, 4, False), (7, 4, False), (101, 8, False), (449, 32, False), (64, 32, False),
+                                  (31, 10, True)]:
+            ids = np.arange(n, dtype=np.int64)
+            ds = tf.data.Dataset.from_tensor_slices(({"a": ids, "b": ids * 2}, ids)).shuffle(n, seed=3)
+            ds, size = (ds.batch(batch), None) if batched else (ds, batch)
+            source = kd.as_source(ds)
+            inp = DynamicDatasetInput(coordinator, source, batch_size=size, shuffle=False, seed=5)
+            for epoch in (0, 1):
+                numbered = list(inp._concrete(tf.constant(epoch, tf.int64)).take(inp.steps + 2))
+                past = numbered[inp.steps:]  # then endless empty batches, numbered beyond every part
+                numbered = numbered[:inp.steps]
+                assert [int(i) for i, _ in numbered] == list(range(inp.steps))
+                assert [int(i) for i, _ in past] == [PAST_THE_END] * 2 and rows(past[0][1]) == ((),) * 3
+                fixed = [rows(b) for s in range(workers) for b in kd.pipeline(
+                    source, s, workers, batch_size=size, shuffle=False, seed=5, repeat=False, epoch=epoch)]
+                assert sorted(rows(b) for _, b in numbered) == sorted(fixed), (n, batch, epoch)
+                assert sorted(v for b in fixed for v in b[-1]) == ids.tolist()
+
+
+def test_a_part_its_stream_has_passed_runs_no_step_and_is_run_again(strategy: Any, caplog: Any) -> None:
+    """Parts handed out last to first: each worker's stream soon passes the next part it
+    gets (as when the coordinator re-runs a lost worker's closure elsewhere). Those parts
+    run no step and the chief runs them again on fresh streams; every epoch still counts
+    each example once."""
+    import keras
+    import tensorflow as tf
+
+    import keras_distrib
+    from keras_distrib.trainers.ps_async import DynamicDatasetInput
+
+    class IdSum(keras.metrics.Metric):
+        def __init__(self, name: str = "idsum", **kw: Any) -> None:
+            super().__init__(name=name, **kw)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+            self.total.assign_add(tf.reduce_sum(tf.cast(y_true, self.total.dtype)))
+
+        def result(self) -> Any:
+            return self.total + 0.0
+
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse", metrics=[IdSum()])  # counts only
+    ids = np.arange(301, dtype=np.float32)
+    forward = DynamicDatasetInput.parts
+    logger = logging.getLogger("keras_distrib.trainers.ps_async")  # keras_distrib's loggers do not propagate
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(logger, "level", logging.INFO)
+        patch.setattr(logger, "handlers", [caplog.handler])
+        patch.setattr(DynamicDatasetInput, "parts", lambda self, *a: reversed(list(forward(self, *a))))
+        hist = keras_distrib.fit(model, tf.data.Dataset.from_tensor_slices((ids, ids)), batch_size=10, epochs=2,
+                                 steps_per_execution=2, verbose=0, strategy=strategy)
+    assert hist.history["idsum"] == [float(ids.sum())] * 2
+    assert "could not reach" in caplog.text  # some parts were run again
+    assert int(model.optimizer.iterations.numpy()) == 62  # 16 + 15 steps an epoch, none twice
 
 
 def test_disjoint_shards_every_example_once(cluster: PsCluster, strategy: Any) -> None:
