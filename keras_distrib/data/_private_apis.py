@@ -69,6 +69,22 @@ def _output_node(graph_def: Any) -> str:
     return ret.input[0].split(":")[0]
 
 
+#: Ops that call back into the Python of the process that built the dataset.
+_PYTHON_OPS = ("PyFunc", "PyFuncStateless", "EagerPyFunc")
+
+
+def runs_python(graph_def: Any) -> bool:
+    """True if the pipeline calls Python (``from_generator``, ``tf.py_function``): its
+    elements come from the process that built it (the chief).
+
+    Upstream: a dataset does not say so; the op names of its serialised graph and of the
+    functions in its library (2.21) do.
+    """
+    ops = [n.op for n in graph_def.node]
+    ops += [n.op for f in graph_def.library.function for n in f.node_def]
+    return any(op in _PYTHON_OPS for op in ops)
+
+
 def ends_with_batch(graph_def: Any) -> bool:
     """True if the pipeline's last element-shaping op is a batch (not unbatch/slices).
 

@@ -49,6 +49,11 @@ class DatasetSource(BaseSource):
             return None
         return shard_sizes(int(self.dataset.cardinality()), num_shards)
 
+    def runs_python(self) -> bool:
+        """True if its elements come from Python in this process (``from_generator``,
+        ``tf.py_function``), wherever the dataset is rebuilt."""
+        return private.runs_python(self._graph_def())
+
     def count_unknown_size(self) -> bool:
         """Learn the size of a dataset of unknown size (a TFRecord file, a ``filter``) by one pass
         over it, as Keras' ``fit`` learns it in its first epoch; False for an infinite one."""

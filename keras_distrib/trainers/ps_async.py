@@ -319,7 +319,9 @@ class DynamicDatasetInput:
     again on fresh streams (`ParameterServerTrainer._run`).
 
     For datasets whose elements are plain tensors of known rank (no ragged or sparse parts),
-    and whose size tf.data knows or one pass counted.
+    whose size tf.data knows or one pass counted, and that run no Python (``from_generator``,
+    ``tf.py_function``: every worker would read the whole epoch through the chief's Python;
+    a 3-worker job of one hung when the chief removed a function meanwhile).
     """
 
     repeat = False
@@ -365,11 +367,12 @@ class DynamicDatasetInput:
 
     @staticmethod
     def takes(source: Any) -> bool:
-        """True for a `keras_distrib.data.DatasetSource` of known size whose elements are
-        plain tensors of known rank (a batch is cut by rows; the end is an empty batch)."""
+        """True for a `keras_distrib.data.DatasetSource` of known size, without Python in its
+        pipeline, whose elements are plain tensors of known rank (a batch is cut by rows;
+        the end is an empty batch)."""
         import tensorflow as tf
 
-        if not isinstance(source, kd_data.DatasetSource) or not source.num_examples:
+        if not isinstance(source, kd_data.DatasetSource) or not source.num_examples or source.runs_python():
             return False
         specs = tf.nest.flatten(source.dataset.element_spec)
         return all(type(s) is tf.TensorSpec and s.shape.rank is not None for s in specs)
@@ -936,15 +939,20 @@ class ParameterServerTrainer(Trainer):
                 hooks.after(totals.steps - 1, totals)
 
         schedule = self._scheduler(fn, iterator)
+
+        def run_missed_again() -> None:
+            nonlocal schedule
+            # Fresh streams, all at the epoch's start: every worker reads forward again.
+            logger.info("re-running %d part(s) of the epoch that a re-run closure could not reach", len(missed))
+            schedule = self._scheduler(fn, inp.iterator(epoch))
+            for n, part in sorted(missed, key=lambda m: m[1]):  # in stream order: each runs
+                pending.append((n, schedule(n, True, False, 0, rows=tf.constant(part, tf.int64)), part))
+            missed.clear()
+
         stopped = False
         while True:
             if missed:
-                # Fresh streams, all at the epoch's start: every worker reads forward again.
-                logger.info("re-running %d part(s) of the epoch that a re-run closure could not reach", len(missed))
-                schedule = self._scheduler(fn, inp.iterator(epoch))
-                for n, part in sorted(missed, key=lambda m: m[1]):  # in stream order: each runs
-                    pending.append((n, schedule(n, True, False, 0, rows=tf.constant(part, tf.int64)), part))
-                missed.clear()
+                run_missed_again()
             while not stopped and not complete() and len(pending) < self._window(per_shard, done):
                 n = k if steps is None else min(k, steps - scheduled)
                 hooks.before(totals.steps + sum(m for m, _, _ in pending))
@@ -964,7 +972,9 @@ class ParameterServerTrainer(Trainer):
             if not stopped and hooks.checkpoint_due(totals.steps):
                 # A mid-epoch checkpoint (or a preemption): let the closures in flight land
                 # so the saved step counter is exact, then save (and stop if preempted).
-                while pending:
+                while pending or missed:  # every part before the checkpoint has run
+                    if missed:
+                        run_missed_again()
                     fold_oldest()
                 self._after_train_epoch()
                 hooks.checkpoint_now()

@@ -396,6 +396,13 @@ def test_arrays_are_handed_out_dynamically_and_other_inputs_keep_fixed_shards(st
     assert kind(tf.data.Dataset.from_tensor_slices((ids, ids))) is DynamicDatasetInput
     assert kind(tf.data.Dataset.from_tensor_slices((ids, ids)).batch(7)) is DynamicDatasetInput
     assert kind(tf.data.Dataset.from_tensor_slices((ids, ids)).filter(lambda a, b: a > 3)) is PerWorkerInput  # size unknown
+    def rows() -> Any:
+        yield from zip(ids, ids)
+
+    generated = tf.data.Dataset.from_generator(rows, output_signature=(tf.TensorSpec([], tf.float32),) * 2)
+    assert kind(generated.apply(tf.data.experimental.assert_cardinality(101))) is PerWorkerInput  # Python on the chief
+    py = tf.data.Dataset.from_tensor_slices((ids, ids)).map(lambda a, b: (tf.py_function(abs, [a], tf.float32), b))
+    assert kind(py) is PerWorkerInput
     sparse = tf.data.Dataset.from_tensor_slices((ids, ids)).map(lambda a, b: (tf.sparse.from_dense([a]), b))
     assert kind(sparse) is PerWorkerInput  # rows of a sparse batch are not cut here
     assert kind(kd.ArraySource((ids.reshape(-1, 1), ids.reshape(-1, 1)), batched=True)) is PerWorkerInput
