@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Mapping
 
@@ -59,6 +60,12 @@ def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, say: Call
     except subprocess.TimeoutExpired:
         say(f"cannot requeue: {' '.join(argv)} did not answer within {REQUEUE_TIMEOUT:.0f} s; resubmit the job to resume.")
         return PREEMPTED_EXIT_CODE
+    if done.returncode == -signal.SIGTERM:
+        # Slurm ends every process of the job's step, scontrol among them, as it requeues
+        # the job: seen in CI (the job came back and resumed). Only then is it killed so.
+        say(f"requeued job {job} ({' '.join(argv)} was ended by SIGTERM as the scheduler ended this step to "
+            "requeue it); it resumes from the checkpoint when it starts again.")
+        return 0
     if done.returncode != 0:
         reason = (done.stderr or done.stdout).strip().splitlines()
         say(f"cannot requeue: {' '.join(argv)} failed ({reason[-1] if reason else f'exit code {done.returncode}'}); "

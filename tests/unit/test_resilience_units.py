@@ -244,6 +244,22 @@ def test_requeue_runs_the_scheduler_command(monkeypatch: pytest.MonkeyPatch, tmp
         assert code == PREEMPTED_EXIT_CODE and "Only batch jobs are accepted" in lines[-1]
 
 
+def test_a_requeue_command_the_scheduler_ends_as_it_requeues_counts_as_requeued(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Slurm ends the step's processes, scontrol among them, as it requeues the job (seen in
+    CI: the job came back and resumed); any other failure still says it could not."""
+    stub = tmp_path / "scontrol"
+    stub.write_text("#!/bin/sh\nkill -TERM $$\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    lines: list[str] = []
+    assert requeue("slurm", {"SLURM_JOB_ID": "7"}, True, lines.append) == 0
+    assert lines[-1].startswith("requeued job 7") and "SIGTERM" in lines[-1]
+    stub.write_text("#!/bin/sh\nkill -KILL $$\n")
+    assert requeue("slurm", {"SLURM_JOB_ID": "7"}, True, lines.append) == PREEMPTED_EXIT_CODE
+    assert lines[-1].startswith("cannot requeue")
+
+
 @pytest.mark.parametrize("scheduler, environ, command, target", [
     ("slurm", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "scancel", "7.0"),
     ("sge", {"JOB_ID": "7"}, "qdel", "7"),
