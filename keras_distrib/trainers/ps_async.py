@@ -145,11 +145,16 @@ def with_countdown(ds: Any) -> Any:
 
 
 class _Batches:
-    """The batches of a counted iterator (`with_countdown`), ``first`` (already fetched)
-    first; an iterator for the trace-time Python of the steps, as ``next()`` calls."""
+    """The batches of a counted iterator (`with_countdown`) or a numbered stream
+    (`DynamicDatasetInput`), ``first`` (already fetched) first; an iterator for the
+    trace-time Python of the steps, as ``next()`` calls."""
 
     def __init__(self, iterator: Any, first: Any = None) -> None:
         self._iterator, self._first = iterator, first
+
+    @property
+    def element_spec(self) -> Any:
+        return self._iterator.element_spec[1]
 
     def __next__(self) -> Any:
         if self._first is not None:
@@ -391,25 +396,15 @@ class DynamicDatasetInput:
             yield min(k, first_step + num_steps - at), at
 
 
-class _Skipped:
-    """A numbered stream (``(number, batch)``) moved past the batches before ``first``, as the
-    batches of one closure (the trace-time Python of the steps calls ``next()``);
-    ``behind``: the stream was already past ``first`` (see `DynamicDatasetInput`)."""
+def skip_to(iterator: Any, first: Any) -> tuple[Any, "_Batches"]:
+    """``(behind, batches)``: a numbered stream (``(number, batch)``) moved past the batches
+    before ``first``, as the batches of one closure; ``behind``: the stream was already past
+    ``first`` (see `DynamicDatasetInput`)."""
+    import tensorflow as tf
 
-    def __init__(self, iterator: Any, first: Any) -> None:
-        import tensorflow as tf
-
-        number, batch = iterator.get_next()
-        number, batch = tf.while_loop(lambda i, _: i < first, lambda i, _: iterator.get_next(), (number, batch))
-        self.behind = number > first
-        self._iterator, self._batch = iterator, batch
-        self.element_spec = iterator.element_spec[1]
-
-    def __next__(self) -> Any:
-        if self._batch is not None:
-            batch, self._batch = self._batch, None
-            return batch
-        return next(self._iterator)[1]
+    number, batch = iterator.get_next()
+    number, batch = tf.while_loop(lambda i, _: i < first, lambda i, _: iterator.get_next(), (number, batch))
+    return number > first, _Batches(iterator, batch)
 
 
 class ParameterServerTrainer(Trainer):
@@ -773,8 +768,7 @@ class ParameterServerTrainer(Trainer):
             shard = next(shard_ids)
             behind = None
             if rows is not None and rows.shape.rank == 0:
-                iterator, endless, counted = _Skipped(iterator, rows), True, False
-                behind = iterator.behind
+                (behind, iterator), endless, counted = skip_to(iterator, rows), True, False
             elif rows is not None:
                 iterator, endless, counted = _Gathered(next(iterator), rows, batch_size), True, False
 
