@@ -13,8 +13,10 @@ Design notes (why):
   variable traffic; unrolled, each step is plain dataflow. Measured with
   bench/ps_throughput.py's cluster (mlp, 4 rounds, ratio to the hand-written
   ``tf.range`` loop): graph loop 0.90, unrolled 1.13 (cnn 1.04). Chunks longer than
-  `MAX_UNROLLED_STEPS`, or of big models (`MAX_UNROLLED_VARIABLE_STEPS`), keep the graph
-  loop to bound trace time and graph size.
+  `MAX_UNROLLED_STEPS`, of big models (`MAX_UNROLLED_VARIABLE_STEPS`), or whose first
+  step was slow to trace (`UNROLL_TRACE_BUDGET_S`), keep the graph loop after that step,
+  to bound trace time and graph size (a model of five lookup branches, 2 workers: its
+  first epoch took 60 s unrolled, 18 s so).
 * Packed variable traffic (trainers/packing.py): each step reads the variables of each
   ps as one flat tensor and sends the gradients back as one, instead of one transfer per
   variable. Measured (same cluster, 600/240 timed steps, 3 rounds, ratio to the unrolled
@@ -105,6 +107,7 @@ Design notes (why):
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
@@ -128,6 +131,10 @@ MAX_UNROLLED_STEPS = 32
 #: ...and only while steps x trainable variables stays below this: trace time and graph
 #: size grow with both, and for big models the loop's per-step cost matters little.
 MAX_UNROLLED_VARIABLE_STEPS = 4000
+#: ...and only while the chunk's other steps would trace within this many seconds (at the
+#: first step's trace time): a step that is slow to trace is a big step, which the loop's
+#: per-step cost hardly slows, while each unrolled copy also costs the worker's compile.
+UNROLL_TRACE_BUDGET_S = 5.0
 #: Arrays up to this size are handed out dynamically (`DynamicInput`: each worker holds
 #: them whole, sent as a constant of a graph, which protobuf caps at 2 GiB); bigger ones
 #: keep fixed shards (1/k of them per worker).
@@ -698,6 +705,19 @@ class ParameterServerTrainer(Trainer):
                         result = tf.identity(result)
             return result if user_step is None else {"vector": result, "logs": logs}
 
+        def first_step_then_decide(first_step: Any, num_steps: int, unroll: bool) -> tuple[Any, bool]:
+            """(carry after the first step, whether to unroll the other ``num_steps - 1``):
+            unrolled only while they would trace within `UNROLL_TRACE_BUDGET_S`, judged by
+            the first step's own trace time (a model of five lookup branches: 1.4 s a step)."""
+            started = time.perf_counter()
+            carry = first_step()
+            seconds = time.perf_counter() - started
+            # One step has no rest: nothing to unroll, and no loop (it would trace the step again).
+            unroll_rest = num_steps <= 1 or (unroll and seconds * (num_steps - 1) <= UNROLL_TRACE_BUDGET_S)
+            logger.debug("one step traced in %.3f s: the other %d of the chunk %s", seconds, num_steps - 1,
+                         "unrolled" if unroll_rest else "in a graph loop")
+            return carry, unroll_rest
+
         def counted_steps(iterator: Any, carry: tuple[Any, ...], num_steps: int, advance: Any, unroll: bool) -> Any:
             """Up to ``num_steps`` steps over a counted shard (`with_countdown`): one look at
             how many batches are left decides, for the whole closure, between the K steps
@@ -722,13 +742,13 @@ class ParameterServerTrainer(Trainer):
                     return tf.while_loop(lambda i, _: i < more, body, (tf.zeros_like(more), c))[1]
 
                 def full() -> tuple[Any, ...]:
-                    c = carry
-                    if unroll:  # unrolled: see the module docstring
-                        batches = _Batches(iterator, first)
-                        for _ in range(num_steps):
-                            c = advance(batches, c)
+                    c, unroll_rest = first_step_then_decide(lambda: advance(_Batches(iterator, first), carry),
+                                                            num_steps, unroll)
+                    if unroll_rest:  # unrolled: see the module docstring
+                        for _ in range(num_steps - 1):
+                            c = advance(_Batches(iterator), c)
                     else:
-                        c = then(advance(_Batches(iterator, first), c), tf.constant(num_steps - 1, left.dtype))
+                        c = then(c, tf.constant(num_steps - 1, left.dtype))
                     return finished(c, tf.equal(left, num_steps))
 
                 def rest() -> tuple[Any, ...]:
@@ -743,8 +763,9 @@ class ParameterServerTrainer(Trainer):
             """``num_steps`` calls of ``advance(batches, carry, endless)``, one step of the mode."""
             if counted:
                 return counted_steps(iterator, carry, num_steps, lambda it, c: advance(it, c, True), unroll)
-            if unroll:  # unrolled: see the module docstring
-                for _ in range(num_steps):
+            carry, unroll_rest = first_step_then_decide(lambda: advance(iterator, carry, endless), num_steps, unroll)
+            if unroll_rest:  # unrolled: see the module docstring
+                for _ in range(num_steps - 1):
                     carry = advance(iterator, carry, endless)
                 return carry
             def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
@@ -752,7 +773,7 @@ class ParameterServerTrainer(Trainer):
 
             # Until K steps ran or the shard ended (carry[1]).
             return tf.while_loop(lambda i, c: tf.logical_and(i < num_steps, tf.logical_not(c[1])), body,
-                                 (tf.constant(0), carry))[1]
+                                 (tf.constant(1), carry))[1]
 
         @step_contract.compiled
         def run_chunk(iterator: Any, shard_ids: Any, num_steps: int, endless: bool = False,
@@ -859,6 +880,7 @@ class ParameterServerTrainer(Trainer):
             args = (iterator, self._shard_ids, *constants) + (() if rows is None else (rows,))
             key = constants if rows is None else (*constants, tuple(rows.shape))
             if key not in traces:
+                logger.debug("tracing a closure for %s", key)
                 traces[key] = private.scheduled_concrete_function(self.coordinator, fn, args)
             return self.coordinator.schedule(traces[key], args=args)
 
