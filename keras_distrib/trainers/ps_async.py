@@ -874,14 +874,19 @@ class ParameterServerTrainer(Trainer):
         Each trace (one per distinct ``constants``: the closure size, ...) is looked up once
         here, not by the coordinator for every closure (`_private_apis.scheduled_concrete_function`).
         """
+        import tensorflow as tf
+
         traces: dict[tuple[Any, ...], Any] = {}
 
         def schedule(*constants: Any, rows: Any = None) -> Any:
             args = (iterator, self._shard_ids, *constants) + (() if rows is None else (rows,))
-            key = constants if rows is None else (*constants, tuple(rows.shape))
+            # Traced for rows of any length: a part's last batch may be short, and one trace
+            # per length was one more trace of the whole chunk per shard size.
+            key = constants if rows is None else (*constants, rows.shape.rank)
             if key not in traces:
-                logger.debug("tracing a closure for %s", key)
-                traces[key] = private.scheduled_concrete_function(self.coordinator, fn, args)
+                logger.debug("getting the trace of a closure for %s", key)
+                spec = args if rows is None else (*args[:-1], tf.TensorSpec([None] * rows.shape.rank, rows.dtype))
+                traces[key] = private.scheduled_concrete_function(self.coordinator, fn, spec)
             return self.coordinator.schedule(traces[key], args=args)
 
         return schedule
