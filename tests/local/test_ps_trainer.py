@@ -424,7 +424,7 @@ def test_a_tf_data_stream_holds_the_batches_of_the_fixed_shards(strategy: Any, w
 
     from keras_distrib import data as kd
     from keras_distrib.trainers import _private_apis
-    from keras_distrib.trainers.ps_async import PAST_THE_END, DynamicDatasetInput
+    from keras_distrib.trainers.ps_async import PAST_THE_END, DynamicDatasetInput, batch_of_run
 
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
@@ -441,16 +441,76 @@ def test_a_tf_data_stream_holds_the_batches_of_the_fixed_shards(strategy: Any, w
             ds, size = (ds.batch(batch), None) if batched else (ds, batch)
             source = kd.as_source(ds)
             inp = DynamicDatasetInput(coordinator, source, batch_size=size, shuffle=False, seed=5)
+            assert inp.per_run == (1 if batched else workers)
+            runs = -(-inp.steps // inp.per_run)
             for epoch in (0, 1):
-                numbered = list(inp._concrete(tf.constant(epoch, tf.int64)).take(inp.steps + 2))
-                past = numbered[inp.steps:]  # then endless empty batches, numbered beyond every part
-                numbered = numbered[:inp.steps]
-                assert [int(i) for i, _ in numbered] == list(range(inp.steps))
+                numbered = list(inp._concrete(tf.constant(epoch, tf.int64)).take(runs + 2))
+                past = numbered[runs:]  # then endless empty runs, numbered beyond every part
+                numbered = numbered[:runs]
+                assert [int(i) for i, _ in numbered] == list(range(runs))
                 assert [int(i) for i, _ in past] == [PAST_THE_END] * 2 and rows(past[0][1]) == ((),) * 3
+                batches = [rows(batch_of_run(run, s, inp.per_run)) for _, run in numbered for s in range(inp.per_run)]
+                assert all(batches[:inp.steps]) and not any(b[0] for b in batches[inp.steps:])  # the last run's empty shards
                 fixed = [rows(b) for s in range(workers) for b in kd.pipeline(
                     source, s, workers, batch_size=size, shuffle=False, seed=5, repeat=False, epoch=epoch)]
-                assert sorted(rows(b) for _, b in numbered) == sorted(fixed), (n, batch, epoch)
+                assert sorted(batches[:inp.steps]) == sorted(fixed), (n, batch, epoch)
                 assert sorted(v for b in fixed for v in b[-1]) == ids.tolist()
+            # Parts are whole runs (K=10: 9 batches of 3 runs with 3 workers); a resume that
+            # starts inside a run first goes up to a run's end.
+            size = 10 - 10 % inp.per_run
+            parts = list(inp.parts(0, 0, inp.steps, 10))
+            assert sum(n for n, _ in parts) == inp.steps and all(first % inp.per_run == 0 for _, first in parts)
+            assert all(n == size for n, _ in parts[:-1])
+            if inp.per_run > 1 and inp.steps > size:
+                resumed = list(inp.parts(0, 1, inp.steps - 1, 10))
+                assert resumed[0] == (size - 1, 1) and inp.offset(1) == 1
+                assert sum(n for n, _ in resumed) == inp.steps - 1 and all(first % inp.per_run == 0 for _, first in resumed[1:])
+
+
+def test_parts_in_a_graph_loop_keep_every_example_once(strategy: Any) -> None:
+    """A chunk whose steps are slow to trace runs them in a graph loop (here: every chunk):
+    a part's batches are still found by their place in it, for arrays (rows gathered by
+    step) and for a tf.data stream (runs fetched by the loop), with sizes that do not
+    divide; every example once per epoch, none twice."""
+    import keras
+    import tensorflow as tf
+
+    import keras_distrib
+    from keras_distrib.trainers import ps_async
+
+    class IdSum(keras.metrics.Metric):
+        def __init__(self, name: str = "idsum", **kw: Any) -> None:
+            super().__init__(name=name, **kw)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+            self.total.assign_add(tf.reduce_sum(tf.cast(self.value(y_true), self.total.dtype)))
+
+        def value(self, y_true: Any) -> Any:
+            return y_true
+
+        def result(self) -> Any:
+            return self.total + 0.0
+
+    class Count(IdSum):
+        def value(self, y_true: Any) -> Any:
+            return tf.ones_like(y_true)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ps_async, "UNROLL_TRACE_BUDGET_S", 0.0)
+        for n, inputs in ((301, "arrays"), (301, "tf.data"), (97, "tf.data")):
+            with strategy.scope():
+                model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+                model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse",
+                              metrics=[IdSum(), Count(name="count")])  # counts only
+            ids = np.arange(n, dtype=np.float32)
+            data = (ids, ids) if inputs == "arrays" else (tf.data.Dataset.from_tensor_slices((ids, ids)),)
+            hist = keras_distrib.fit(model, *data, batch_size=10, epochs=2, steps_per_execution=7, verbose=0,
+                                     strategy=strategy)
+            steps = sum(-(-(n // 2 + (1 if i < n % 2 else 0)) // 10) for i in range(2))
+            assert hist.history["idsum"] == [float(ids.sum())] * 2, (n, inputs, hist.history)
+            assert hist.history["count"] == [float(n)] * 2, (n, inputs, hist.history)
+            assert int(model.optimizer.iterations.numpy()) == 2 * steps, (n, inputs)
 
 
 def test_a_part_its_stream_has_passed_runs_no_step_and_is_run_again(strategy: Any, caplog: Any) -> None:
