@@ -175,12 +175,18 @@ class _RunBatches:
     shard); an iterator for the trace-time Python of the steps, as ``next()`` calls, that
     fetches the next run after the last batch of this one."""
 
-    def __init__(self, iterator: Any, first: Any, per_run: int, offset: int = 0) -> None:
-        self._iterator, self._run, self._per_run, self._at = iterator, first, per_run, offset
+    def __init__(self, iterator: Any, first: Any, per_run: int, stacked: bool, offset: int = 0) -> None:
+        self._iterator, self._run, self._per_run, self._stacked, self._at = iterator, first, per_run, stacked, offset
 
     @property
     def element_spec(self) -> Any:
-        return self._iterator.element_spec[1]
+        """The spec of one batch."""
+        import tensorflow as tf
+
+        run = self._iterator.element_spec[1]
+        if not self._stacked:
+            return run
+        return tf.nest.map_structure(lambda spec: tf.TensorSpec([None, *spec.shape[2:]], spec.dtype), run[1])
 
     @property
     def left_in_run(self) -> int:
@@ -191,7 +197,7 @@ class _RunBatches:
         if self._run is None or self._at == self._per_run:
             self._run, self._at = next(self._iterator)[1], 0
         self._at += 1
-        return batch_of_run(self._run, self._at - 1, self._per_run)
+        return batch_of_run(self._run, self._at - 1, self._per_run, self._stacked)
 
     def loop(self, advance: Any, carry: Any, num_steps: int) -> Any:
         """``num_steps`` more steps with the runs in a graph loop (the rest of this run and
@@ -204,24 +210,28 @@ class _RunBatches:
         runs, tail = divmod(num_steps - now, self._per_run)
 
         def body(i: Any, c: Any) -> tuple[Any, Any]:
-            batches = _RunBatches(self._iterator, None, self._per_run)
+            batches = _RunBatches(self._iterator, None, self._per_run, self._stacked)
             for _ in range(self._per_run):
                 c = advance(batches, c)
             return i + 1, c
 
         if runs:
             carry = tf.while_loop(lambda i, _: i < runs, body, (tf.constant(0), carry))[1]
-        batches = _RunBatches(self._iterator, None, self._per_run)
+        batches = _RunBatches(self._iterator, None, self._per_run, self._stacked)
         for _ in range(tail):
             carry = advance(batches, carry)
         return carry
 
 
-def batch_of_run(run: Any, index: int, per_run: int) -> Any:
-    """Batch ``index`` of a run of a `DynamicDatasetInput` stream: its rows ``index``,
-    ``index + per_run``, ... (shard ``index``'s batch; the run itself when ``per_run`` is 1)."""
+def batch_of_run(run: Any, index: int, per_run: int, stacked: bool) -> Any:
+    """Batch ``index`` of a run of a `DynamicDatasetInput` stream: of the examples of a run,
+    rows ``index``, ``index + per_run``, ... (shard ``index``'s batch); of ``stacked``
+    batches (``(rows of each, the batches padded to the longest)``), batch ``index``'s rows."""
     import tensorflow as tf
 
+    if stacked:
+        rows, batches = run
+        return tf.nest.map_structure(lambda a: a[index][:rows[index]], batches)
     return run if per_run == 1 else tf.nest.map_structure(lambda a: a[index::per_run], run)
 
 
@@ -388,7 +398,7 @@ class DynamicDatasetInput:
     runs of ``k * B`` elements, numbered. A run holds one batch of each of the k fixed
     shards (rows ``s, s + k, ...`` are shard ``s``'s next batch), so the batches and the
     steps of an epoch are the same; batch ``j`` of the epoch is batch ``j % k`` of run
-    ``j // k`` (a batched dataset: one batch a run). A closure gets the number of its first
+    ``j // k`` (a batched dataset: k of its batches stacked a run). A closure gets the number of its first
     batch (its part: whole runs, up to K batches), reads past the runs other workers took
     and trains on its own. Every worker reads the whole epoch, as it does with fixed shards
     (``Dataset.shard`` keeps 1 element in k of the whole pipeline); a whole run per element
@@ -418,12 +428,20 @@ class DynamicDatasetInput:
         self.coordinator, self.source, self.batch_size = coordinator, source, batch_size
         k = self.num_shards = len(private.coordinator_workers(coordinator))
         #: Batches in each run of the stream (the last run may hold fewer).
-        self.per_run = 1 if source.batched else k
+        self.per_run = k
+        #: A batched dataset's runs are k of its batches stacked (see `batch_of_run`).
+        self.stacked = source.batched
+
+        def with_rows(*batch: Any) -> Any:
+            batch = batch[0] if len(batch) == 1 else batch  # tf.data spreads a tuple over arguments
+            return tf.shape(tf.nest.flatten(batch)[0])[0], batch
 
         def stream(epoch: Any) -> Any:
             order = kd_data.Order(shuffle=shuffle, seed=seed, epoch=epoch)
             ds = source.epoch_elements(0, 1, order)  # the whole epoch, in the order every worker draws
-            if not source.batched:
+            if source.batched:
+                ds = ds.map(with_rows).padded_batch(k)
+            else:
                 ds = source.finish_batches(ds.batch(k * batch_size))
             # Past the epoch's last run, an endless empty one numbered beyond every part:
             # a stream that a re-run part finds at its end reads as "behind", not an error.
@@ -476,7 +494,7 @@ class DynamicDatasetInput:
         return first % self.per_run
 
 
-def skip_to(iterator: Any, first: Any, per_run: int, offset: int) -> tuple[Any, "_RunBatches"]:
+def skip_to(iterator: Any, first: Any, per_run: int, stacked: bool, offset: int) -> tuple[Any, "_RunBatches"]:
     """``(behind, batches)``: a numbered stream of runs (``(number, run)``) moved past the
     runs before the one of batch ``first``, as the batches of one closure; ``behind``: the
     stream was already past that run (see `DynamicDatasetInput`)."""
@@ -485,7 +503,7 @@ def skip_to(iterator: Any, first: Any, per_run: int, offset: int) -> tuple[Any, 
     wanted = first // per_run
     number, run = iterator.get_next()
     number, run = tf.while_loop(lambda i, _: i < wanted, lambda i, _: iterator.get_next(), (number, run))
-    return number > wanted, _RunBatches(iterator, run, per_run, offset)
+    return number > wanted, _RunBatches(iterator, run, per_run, stacked, offset)
 
 
 class ParameterServerTrainer(Trainer):
@@ -854,7 +872,7 @@ class ParameterServerTrainer(Trainer):
         @step_contract.compiled
         def run_chunk(iterator: Any, shard_ids: Any, num_steps: int, endless: bool = False,
                       counted: bool = False, batch_size: int = 0, rows: Any = None, per_run: int = 1,
-                      offset: int = 0) -> Any:
+                      stacked: bool = False, offset: int = 0) -> Any:
             # num_steps is a Python int (K, or a remainder): a constant in the graph
             # instead of a chief tensor sent with every closure (at most two traces).
             # endless: every shard repeats and is not empty, so no step needs a guard.
@@ -862,12 +880,12 @@ class ParameterServerTrainer(Trainer):
             # rows: the part of the epoch the chief handed out (`DynamicInput`): the rows
             # of its num_steps batches of batch_size, gathered from the whole arrays.
             # rows, a scalar: the number of the first batch of this closure's part of a
-            # numbered stream of runs of per_run batches, offset its place in its run
-            # (`DynamicDatasetInput`).
+            # numbered stream of runs of per_run batches (stacked: a batched dataset's),
+            # offset its place in its run (`DynamicDatasetInput`).
             shard = next(shard_ids)
             behind = None
             if rows is not None and rows.shape.rank == 0:
-                (behind, iterator), endless, counted = skip_to(iterator, rows, per_run, offset), True, False
+                (behind, iterator), endless, counted = skip_to(iterator, rows, per_run, stacked, offset), True, False
             elif rows is not None:
                 iterator, endless, counted = _Gathered(next(iterator), rows, batch_size), True, False
 
@@ -1046,7 +1064,7 @@ class ParameterServerTrainer(Trainer):
             logger.info("re-running %d part(s) of the epoch that a re-run closure could not reach", len(missed))
             schedule = self._scheduler(fn, inp.iterator(epoch))
             for n, part in sorted(missed, key=lambda m: m[1]):  # in stream order: each runs
-                pending.append((n, schedule(n, True, False, 0, tf.constant(part, tf.int64), inp.per_run,
+                pending.append((n, schedule(n, True, False, 0, tf.constant(part, tf.int64), inp.per_run, inp.stacked,
                                             inp.offset(part)), part))
             missed.clear()
 
@@ -1061,12 +1079,12 @@ class ParameterServerTrainer(Trainer):
                     n, part = next(parts)
                     rows = tf.constant(part, tf.int64)
                     if stream:
-                        rv = schedule(n, True, False, 0, rows, inp.per_run, inp.offset(part))
+                        rv = schedule(n, True, False, 0, rows, inp.per_run, inp.stacked, inp.offset(part))
                     else:
-                        rv = schedule(n, True, False, inp.batch_size, rows, 1, 0)
+                        rv = schedule(n, True, False, inp.batch_size, rows, 1, False, 0)
                     pending.append((n, rv, part))
                 else:  # every argument: a trace binds all
-                    pending.append((n, schedule(n, inp.endless, inp.counted, 0, None, 1, 0), None))
+                    pending.append((n, schedule(n, inp.endless, inp.counted, 0, None, 1, False, 0), None))
                 scheduled += n
             if not pending:
                 break

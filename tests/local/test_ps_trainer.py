@@ -441,15 +441,18 @@ def test_a_tf_data_stream_holds_the_batches_of_the_fixed_shards(strategy: Any, w
             ds, size = (ds.batch(batch), None) if batched else (ds, batch)
             source = kd.as_source(ds)
             inp = DynamicDatasetInput(coordinator, source, batch_size=size, shuffle=False, seed=5)
-            assert inp.per_run == (1 if batched else workers)
+            assert inp.per_run == workers and inp.stacked == batched
             runs = -(-inp.steps // inp.per_run)
             for epoch in (0, 1):
                 numbered = list(inp._concrete(tf.constant(epoch, tf.int64)).take(runs + 2))
                 past = numbered[runs:]  # then endless empty runs, numbered beyond every part
                 numbered = numbered[:runs]
                 assert [int(i) for i, _ in numbered] == list(range(runs))
-                assert [int(i) for i, _ in past] == [PAST_THE_END] * 2 and rows(past[0][1]) == ((),) * 3
-                batches = [rows(batch_of_run(run, s, inp.per_run)) for _, run in numbered for s in range(inp.per_run)]
+                assert [int(i) for i, _ in past] == [PAST_THE_END] * 2
+                assert all(np.asarray(leaf).shape[0] == 0 for leaf in tf.nest.flatten(past[0][1]))
+                # A stacked run holds as many batches as its rows tell (the last may hold fewer).
+                batches = [rows(batch_of_run(run, s, inp.per_run, inp.stacked)) for _, run in numbered
+                           for s in range(len(run[0]) if inp.stacked else inp.per_run)]
                 assert all(batches[:inp.steps]) and not any(b[0] for b in batches[inp.steps:])  # the last run's empty shards
                 fixed = [rows(b) for s in range(workers) for b in kd.pipeline(
                     source, s, workers, batch_size=size, shuffle=False, seed=5, repeat=False, epoch=epoch)]
@@ -498,16 +501,18 @@ def test_parts_in_a_graph_loop_keep_every_example_once(strategy: Any) -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ps_async, "UNROLL_TRACE_BUDGET_S", 0.0)
-        for n, inputs in ((301, "arrays"), (301, "tf.data"), (97, "tf.data")):
+        for n, inputs in ((301, "arrays"), (301, "tf.data"), (97, "tf.data"), (97, "batched tf.data")):
             with strategy.scope():
                 model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
                 model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse",
                               metrics=[IdSum(), Count(name="count")])  # counts only
             ids = np.arange(n, dtype=np.float32)
             data = (ids, ids) if inputs == "arrays" else (tf.data.Dataset.from_tensor_slices((ids, ids)),)
-            hist = keras_distrib.fit(model, *data, batch_size=10, epochs=2, steps_per_execution=7, verbose=0,
-                                     strategy=strategy)
-            steps = sum(-(-(n // 2 + (1 if i < n % 2 else 0)) // 10) for i in range(2))
+            kw = {"batch_size": 10}
+            if inputs == "batched tf.data":
+                data, kw = (data[0].batch(10),), {}
+            hist = keras_distrib.fit(model, *data, epochs=2, steps_per_execution=7, verbose=0, strategy=strategy, **kw)
+            steps = (-(-n // 10) if kw == {} else sum(-(-(n // 2 + (1 if i < n % 2 else 0)) // 10) for i in range(2)))
             assert hist.history["idsum"] == [float(ids.sum())] * 2, (n, inputs, hist.history)
             assert hist.history["count"] == [float(n)] * 2, (n, inputs, hist.history)
             assert int(model.optimizer.iterations.numpy()) == 2 * steps, (n, inputs)
