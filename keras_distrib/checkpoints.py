@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .checkpoint_interval import DEFAULT_EVERY, Interval, IntervalError, parse_interval
-from . import contract
+from . import contract, progress
 from .contract import CHECKPOINT_EVERY_VAR, PREEMPTED_EXIT_CODE
 
 logger = logging.getLogger(__name__)
@@ -156,6 +156,11 @@ def where_in_training(meta: Meta) -> str:
     if meta.step_in_epoch == 0 and meta.epoch:
         return f"the end of epoch {meta.epoch}"
     return f"epoch {meta.epoch + 1}, {meta.step_in_epoch} steps into it"
+
+
+def display_epoch(epoch: int, step_in_epoch: int) -> int:
+    """The 1-based epoch a checkpoint at (``epoch``, ``step_in_epoch``) lies in: the end of an epoch counts as in it."""
+    return epoch if step_in_epoch == 0 and epoch else epoch + 1
 
 
 def position(step: int, steps_per_epoch: int | None) -> tuple[int, int]:
@@ -298,6 +303,7 @@ class Checkpointer:
         check_compatible(path, meta, self.layout, self.signature)
         self.tf_checkpoint.read(str(path / "ckpt")).expect_partial()
         self.restored = meta
+        progress.checkpointed(meta.step, display_epoch(meta.epoch, meta.step_in_epoch))
         if self.show:
             reached = self.store.last_progress()
             lost = f"; the {reached - meta.step} steps trained after it are redone" if reached and reached > meta.step else ""
@@ -309,6 +315,8 @@ class Checkpointer:
         meta = Meta(step, epoch, in_epoch, self.steps_per_epoch, self.layout, self.signature, time.time(),
                     callbacks=self.callback_state())
         path = self.store.save(self._write, meta)
+        if path is not None:  # the writer: its agent names this point if the job re-forms (progress.py)
+            progress.checkpointed(step, display_epoch(epoch, in_epoch))
         self.store.note_progress(step, force=True)
         if self.schedule is not None:
             self.schedule.mark(step)

@@ -114,8 +114,8 @@ def local_job(nodes: int, gpus_per_node: str, job_id: str) -> JobInfo:
     return JobInfo("local", job_id, names, (1,) * nodes, node_gpus=tuple(gpus for _ in names))
 
 
-def check_min_nodes(options: Options, job: JobInfo, mode: str, check: bool) -> None:
-    """--min-nodes needs a node agent per node, a SCRIPT to resume, and no more nodes than the job has."""
+def check_min_nodes(options: Options, job: JobInfo, mode: str | None = None, check: bool = False) -> None:
+    """--min-nodes: no more than the job's nodes; to launch (``mode`` given), an agent per node and a SCRIPT."""
     m = options.min_nodes
     if m is None:
         return
@@ -123,6 +123,8 @@ def check_min_nodes(options: Options, job: JobInfo, mode: str, check: bool) -> N
         raise ClusterConfigError(f"min-nodes={m} is more than the job's {job.num_nodes} node(s).",
                                  f"pass --min-nodes {max(1, job.num_nodes - 1)} or less (the job goes on while that "
                                  "many nodes are left).")
+    if mode is None:
+        return
     if check:
         raise ClusterConfigError("--min-nodes does nothing with the cluster check (--check, or no SCRIPT).",
                                  "drop --min-nodes, or give the training SCRIPT to run.")
@@ -165,6 +167,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             hosts = None
         plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts)
         hint = parser.agent_launch_hint if parser else "use --nodes."
+        check_min_nodes(options, job)
         if args.plan:
             check_task_counts(job, plan, hint)
             print(json.dumps(plan_json(plan)) if args.format == "json" else format_table(plan))
