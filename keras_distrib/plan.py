@@ -212,7 +212,7 @@ def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:
     the agents' control port, one past them) do not change.
     """
     if not nodes or nodes[0] != plan.nodes[0] or any(n not in plan.nodes for n in nodes):
-        raise ValueError(f"the survivors {list(nodes)} must be nodes of the plan {list(plan.nodes)}, the first kept")
+        raise AssertionError(f"the survivors {list(nodes)} must be nodes of the plan {list(plan.nodes)}, the first kept")
     at = {n: i for i, n in enumerate(job.nodes)}  # the job's lists follow its own node order
     pick = lambda values: tuple(values[at[n]] for n in nodes)  # noqa: E731
     sub = replace(job, nodes=tuple(nodes), tasks_per_node=pick(job.tasks_per_node), node_gpus=pick(job.node_gpus),
