@@ -281,6 +281,16 @@ def read_tf_cluster(env: Mapping[str, str]) -> dict[str, list[str]]:
     return json.loads(env[TF_CONFIG_VAR])["cluster"]
 
 
+def worker_count(env: Mapping[str, str]) -> int | None:
+    """How many workers the job has now (it changes when an elastic job re-forms); None outside a job."""
+    if not in_job(env):
+        return None
+    try:
+        return len(read_tf_cluster(env).get("worker", ())) or None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def protocol(env: Mapping[str, str]) -> str:
     return env.get(PROTOCOL_VAR, "grpc")
 
