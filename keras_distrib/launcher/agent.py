@@ -634,6 +634,8 @@ class Agent:
 
     def _resume_point(self) -> str:
         """Where SCRIPT resumes: the writer's last checkpoint as its progress file tells (progress.py)."""
+        if self.plan.is_jax:  # SCRIPT checkpoints itself (keras_distrib.fit is not used): no note
+            return "from its last checkpoint"
         plan_file = getattr(self.processes, "plan_file", None)  # None: the lifecycle tests' fakes
         writer = next((p for p in self.plan.script_runners if p.index == 0), None)
         if plan_file is None or writer is None:

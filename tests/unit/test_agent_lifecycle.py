@@ -531,3 +531,21 @@ def test_no_reforming_while_draining_on_a_signal() -> None:
     h.agent.handle(SignalReceived(signal.SIGTERM))
     h.agent.handle(PeerSilent(2, 31))
     assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.lost_node == "n3"
+
+
+@pytest.mark.parametrize(("layout", "writer"), [("ps-per-node", "chief-0"), ("allreduce", "worker-0")])
+def test_the_line_names_the_writers_last_checkpoint(layout: str, writer: str, tmp_path: Any,
+                                                   monkeypatch: pytest.MonkeyPatch, lines: list[str]) -> None:
+    from keras_distrib import contract, progress
+
+    h = harness(layout, min_nodes=2)
+    h.processes.plan_file = tmp_path / "plan.json"  # type: ignore[attr-defined]
+    monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(tmp_path / f"{contract.PROGRESS_FILE_PREFIX}{writer}"))
+    progress.reset()
+    try:
+        progress.checkpointed(812, 4)  # as the writer's Checkpointer.save does
+    finally:
+        progress.reset()
+    h.agent.handle(PeerSilent(2, 31.2))
+    assert lines[-1] == ("lost n3; continuing on 2 nodes (n1, n2) from the checkpoint at epoch 4, step 812 "
+                         "(its agent sent no heartbeat for 31 s)")
