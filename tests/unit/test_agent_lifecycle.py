@@ -549,3 +549,19 @@ def test_the_line_names_the_writers_last_checkpoint(layout: str, writer: str, tm
     h.agent.handle(PeerSilent(2, 31.2))
     assert lines[-1] == ("lost n3; continuing on 2 nodes (n1, n2) from the checkpoint at epoch 4, step 812 "
                          "(its agent sent no heartbeat for 31 s)")
+
+
+def test_a_hang_without_restarts_drops_the_node(lines: list[str]) -> None:
+    from keras_distrib.launcher.messages import Hung, Stuck
+
+    follower = harness(agent_id=2, min_nodes=2, max_restarts=0)
+    follower.agent.handle(Hung(follower.processes.named("ps:2"), 300, "stopped", "/tmp/stacks"))  # type: ignore[arg-type]
+    assert follower.state is State.RUNNING  # reported, not failed: agent 0 decides
+    assert follower.channel.to_leader_sent == [
+        Stuck("ps:2", "ps:2 on n3", "made no progress for 300 s (state: stopped); its Python stacks: /tmp/stacks", 0)]
+    h = harness(min_nodes=2, max_restarts=0)
+    h.agent.handle(FromPeer(2, follower.channel.to_leader_sent[0]))
+    assert h.state is State.RUNNING and h.agent.plan.nodes == ("n1", "n2")
+    assert lines[-1].startswith("lost n3; continuing on 2 nodes (n1, n2) from the start (ps:2 on n3 made no progress "
+                                "for 300 s (state: stopped)")
+    assert lines[-1].endswith("; the restart budget is spent (0/0))")
