@@ -372,3 +372,39 @@ def test_a_resume_on_other_workers_calls_on_workers_changed(caplog: pytest.LogCa
     assert seen == [(3, 2)]
     assert caplog.messages == ["resuming on 2 workers (the checkpoint was saved on 3): the global batch and the "
                                "learning rate are kept; calling on_workers_changed(3, 2)."]
+
+
+def test_local_processes_reform_kills_every_child_and_starts_the_new_plan(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from keras_distrib import contract
+    from keras_distrib.launcher.workers import ChildSettings, Launch, LocalProcesses
+    from keras_distrib.plan import survivors_plan
+
+    events: list[str] = []
+
+    def spawn(proc: object, argv: list[str], env: dict[str, str], runs_script: bool, on_exit: object,
+              **_: object) -> SimpleNamespace:
+        name = env[contract.TASK_VAR]
+        events.append(f"start {name} {len(json.loads(Path(env[contract.PLAN_FILE_VAR]).read_text())['nodes'])}")
+        return SimpleNamespace(proc=proc, runs_script=runs_script, env=env,
+                               signal=lambda s: events.append(f"signal {name} {s}"),
+                               popen=SimpleNamespace(wait=lambda: events.append(f"wait {name}")))
+
+    job = JobInfo("local", "7", ("local0", "local1", "local2"), (1, 1, 1))
+    plan = build_plan(job, "allreduce", 25000, hosts={n: "127.0.0.1" for n in job.nodes})
+    processes = LocalProcesses(lambda child, code: None, ChildSettings(60.0), spawner=spawn,
+                               plan_file=contract.write_plan_file(json.dumps(plan.to_json()), str(tmp_path)))
+    processes.start(plan, [Launch(p, ("python", "train.py"), True) for p in plan.processes])
+    old = list(processes.children)
+    plan_file = processes.plan_file
+    events.clear()
+    left = survivors_plan(plan, job, ("local0", "local1"))
+    processes.reform(left, [Launch(p, ("python", "train.py"), True) for p in left.processes])
+    assert events == ["signal worker:0 9", "signal worker:1 9", "signal worker:2 9",  # all killed first,
+                      "wait worker:0", "wait worker:1", "wait worker:2",  # and waited for,
+                      "start worker:0 2", "start worker:1 2"]  # then the new plan's, which they read
+    assert processes.plan_file == plan_file  # the same path: the progress files stay beside it
+    assert not any(processes.current(child) for child in old)  # the old exits are no news
+    assert json.loads(processes.children[1].env[contract.TF_CONFIG_VAR])["cluster"] == {
+        "worker": ["127.0.0.1:25000", "127.0.0.1:25001"]}
