@@ -48,6 +48,7 @@ def test_a_lost_node_with_min_nodes_continues_on_the_survivors(tmp_path: Path, l
             job.proc.kill()
     assert code == 0, f"seed {SEED}\n{job.text()[-4000:]}"
     lost = [line for line in job.lines if "; continuing on " in line]
+    print("\n".join(lost + [line for line in job.lines if "resuming " in line]))  # shown with -rP
     assert len(lost) == 1 and LOST.search(lost[0]), job.text()[-3000:]
     step = int(LOST.search(lost[0]).group(2))
     assert 0 < step < epochs * steps
