@@ -46,6 +46,7 @@ UNIT_SECONDS = {
     "tests/local/test_jax_layout.py": 275,
     "tests/local/test_resilience_local.py": 220,
     "tests/local/test_allreduce_trainer.py": 115,
+    "tests/local/test_elastic_local.py": 50,
 }
 FOLDER_SECONDS = {"local": 30, "unit": 2}
 
