@@ -408,3 +408,16 @@ def test_local_processes_reform_kills_every_child_and_starts_the_new_plan(tmp_pa
     assert not any(processes.current(child) for child in old)  # the old exits are no news
     assert json.loads(processes.children[1].env[contract.TF_CONFIG_VAR])["cluster"] == {
         "worker": ["127.0.0.1:25000", "127.0.0.1:25001"]}
+
+
+def test_nothing_left_counts_epochs_from_the_resumed_one(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from keras_distrib.checkpoints import Checkpointer
+
+    checkpointer = Checkpointer(str(tmp_path), None, SimpleNamespace(weights=[]), writer=False, layout="allreduce")
+    checkpointer.steps_per_epoch = 300
+    checkpointer.origin = (750, 4)  # epoch 5 (0-based 4) began at step 750: 300 steps per epoch from there
+    assert not checkpointer.nothing_left(1049, 5)
+    assert checkpointer.nothing_left(1050, 5)  # from step 0 (1050 < 5 * 300) it would train on
+    assert not checkpointer.nothing_left(1050, 6)  # one more epoch asked for
