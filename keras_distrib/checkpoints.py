@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .checkpoint_interval import DEFAULT_EVERY, Interval, IntervalError, parse_interval
-from . import contract
+from . import contract, progress
 from .contract import CHECKPOINT_EVERY_VAR, PREEMPTED_EXIT_CODE
 
 logger = logging.getLogger(__name__)
@@ -143,6 +143,9 @@ class Meta:
     #: State of the callbacks whose decisions depend on earlier epochs (ModelCheckpoint's
     #: best value...), restored on resume; see ``trainers/callbacks.py``.
     callbacks: Any = None
+    #: The job's workers when it was saved: an elastic job that resumes on fewer (or more)
+    #: tells its callbacks (``on_workers_changed``); None: not in a launched job, or older.
+    workers: int | None = None
 
 
 def model_signature(model: Any) -> str:
@@ -158,11 +161,37 @@ def where_in_training(meta: Meta) -> str:
     return f"epoch {meta.epoch + 1}, {meta.step_in_epoch} steps into it"
 
 
-def position(step: int, steps_per_epoch: int | None) -> tuple[int, int]:
-    """(epoch, step within the epoch) of the global ``step``."""
+def display_epoch(epoch: int, step_in_epoch: int) -> int:
+    """The 1-based epoch a checkpoint at (``epoch``, ``step_in_epoch``) lies in: the end of an epoch counts as in it."""
+    return epoch if step_in_epoch == 0 and epoch else epoch + 1
+
+
+def position(step: int, steps_per_epoch: int | None, origin: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """(epoch, step within the epoch) of the global ``step``.
+
+    ``origin``: (the step at which epoch N began, N): after a resume with another number of
+    steps per epoch (an elastic job's workers changed) epochs count from there, not from 0.
+    """
+    origin_step, origin_epoch = origin
     if not steps_per_epoch:
-        return 0, step
-    return step // steps_per_epoch, step % steps_per_epoch
+        return origin_epoch, step - origin_step
+    return origin_epoch + (step - origin_step) // steps_per_epoch, (step - origin_step) % steps_per_epoch
+
+
+def resume_position(meta: Meta, steps_per_epoch: int) -> tuple[int, int]:
+    """(epoch, steps of it done) to resume ``meta`` with ``steps_per_epoch`` steps per epoch now.
+
+    The same count as at the save: the meta's own place. Another count (an elastic job's
+    workers changed, so its shards and their batches did): the same epoch, and the same
+    fraction of it done, rounded, so the step counter stays the updates applied and each later
+    epoch is a full pass (docs/faults.md, Node loss).
+    """
+    if meta.steps_per_epoch == steps_per_epoch:
+        return meta.epoch, meta.step_in_epoch
+    if not meta.steps_per_epoch:  # saved without a count: epochs from step 0
+        return divmod(meta.step, steps_per_epoch)
+    done = round(meta.step_in_epoch * steps_per_epoch / meta.steps_per_epoch)
+    return meta.epoch, min(done, steps_per_epoch - 1)  # a begun epoch keeps a step: its end (validation) still comes
 
 
 class CheckpointStore:
@@ -282,6 +311,9 @@ class Checkpointer:
         self.interval = interval if interval is not None else interval_from_env()
         self.show = writer if show is None else show
         self.steps_per_epoch: int | None = None
+        #: (step, epoch) where epochs are counted from: see ``position`` (the trainer sets it on resume).
+        self.origin: tuple[int, int] = (0, 0)
+        self.workers = contract.worker_count(os.environ)
         self.schedule: Schedule | None = None
         self._write_fn: Callable[[Any], Any] | None = None
         #: Returns what ``meta.json`` records as ``callbacks`` at each save (set by the trainer).
@@ -298,6 +330,7 @@ class Checkpointer:
         check_compatible(path, meta, self.layout, self.signature)
         self.tf_checkpoint.read(str(path / "ckpt")).expect_partial()
         self.restored = meta
+        progress.checkpointed(meta.step, display_epoch(meta.epoch, meta.step_in_epoch))
         if self.show:
             reached = self.store.last_progress()
             lost = f"; the {reached - meta.step} steps trained after it are redone" if reached and reached > meta.step else ""
@@ -305,10 +338,12 @@ class Checkpointer:
         return meta.step
 
     def save(self, step: int) -> Path | None:
-        epoch, in_epoch = position(step, self.steps_per_epoch)
+        epoch, in_epoch = position(step, self.steps_per_epoch, self.origin)
         meta = Meta(step, epoch, in_epoch, self.steps_per_epoch, self.layout, self.signature, time.time(),
-                    callbacks=self.callback_state())
+                    callbacks=self.callback_state(), workers=self.workers)
         path = self.store.save(self._write, meta)
+        if path is not None:  # the writer: its agent names this point if the job re-forms (progress.py)
+            progress.checkpointed(step, display_epoch(epoch, in_epoch))
         self.store.note_progress(step, force=True)
         if self.schedule is not None:
             self.schedule.mark(step)
@@ -336,7 +371,7 @@ class Checkpointer:
         self.save(step)
         signum = preemption_requested()
         if signum is not None:
-            epoch, in_epoch = position(step, self.steps_per_epoch)
+            epoch, in_epoch = position(step, self.steps_per_epoch, self.origin)
             if self.show:
                 logger.info(f"got {signal.Signals(signum).name}: saved a checkpoint at step {step} (epoch {epoch + 1}, "
                             f"{in_epoch} steps into it); stopping with exit code {PREEMPTED_EXIT_CODE} so the job can be "
@@ -345,10 +380,13 @@ class Checkpointer:
 
     def nothing_left(self, step: int, epochs: int) -> bool:
         """Warn (once, on the writer) when the checkpoint already covers every epoch asked for."""
-        if not self.steps_per_epoch or step < epochs * self.steps_per_epoch:
+        if not self.steps_per_epoch:
+            return False
+        epoch, _ = position(step, self.steps_per_epoch, self.origin)
+        if epoch < epochs:
             return False
         if self.show:
             logger.warning(f"the checkpoint in {self.store.directory} is at step {step}, the end of epoch "
-                           f"{step // self.steps_per_epoch}; nothing is left to train for epochs={epochs}. "
+                           f"{epoch}; nothing is left to train for epochs={epochs}. "
                            "HINT: raise epochs= to train more, or use a fresh checkpoint_dir to start over.")
         return True

@@ -126,6 +126,13 @@ def write_plan_file(plan_json: str, directory: str | None = None) -> Path:
     return path
 
 
+def rewrite_plan_file(path: Path, plan_json: str) -> None:
+    """Replace the plan at ``path`` (an elastic re-forming), through a temporary name as ``write_plan_file``."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(plan_json)
+    os.replace(tmp, path)
+
+
 def progress_file(plan_file: Path, proc: Process) -> Path:
     """Where ``proc`` counts its progress: beside the plan file, in the agent's private directory."""
     return plan_file.parent / f"{PROGRESS_FILE_PREFIX}{proc.job}-{proc.index}"
@@ -272,6 +279,16 @@ def read_tf_cluster(env: Mapping[str, str]) -> dict[str, list[str]]:
     if plan is not None:
         return plan["cluster"]
     return json.loads(env[TF_CONFIG_VAR])["cluster"]
+
+
+def worker_count(env: Mapping[str, str]) -> int | None:
+    """How many workers the job has now (it changes when an elastic job re-forms); None outside a job."""
+    if not in_job(env):
+        return None
+    try:
+        return len(read_tf_cluster(env).get("worker", ())) or None
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def protocol(env: Mapping[str, str]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -202,6 +202,24 @@ def build_plan(
             processes.append(Process(node, node_index, role, counters[role], host, port, gpus))
             counters[role] += 1
     return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes))
+
+
+def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:
+    """The plan of the next generation: ``plan`` re-formed on ``nodes`` (a subset of its nodes, the first kept).
+
+    Pure, so every agent computes the same one from the same order. Indices are renumbered
+    (n1, n3 -> ps:0, ps:1); each host keeps its first ports, so the first node's ports (and
+    the agents' control port, one past them) do not change.
+    """
+    if not nodes or nodes[0] != plan.nodes[0] or any(n not in plan.nodes for n in nodes):
+        raise AssertionError(f"the survivors {list(nodes)} must be nodes of the plan {list(plan.nodes)}, the first kept")
+    at = {n: i for i, n in enumerate(job.nodes)}  # the job's lists follow its own node order
+    pick = lambda values: tuple(values[at[n]] for n in nodes)  # noqa: E731
+    sub = replace(job, nodes=tuple(nodes), tasks_per_node=pick(job.tasks_per_node), node_gpus=pick(job.node_gpus),
+                  slots_per_node=pick(job.slots_per_node), node_index=0, rank=0, local_rank=0)
+    hosts = {p.node: p.host for p in plan.processes}
+    # The first process holds the first node's first port: the base every generation shares.
+    return build_plan(sub, plan.layout, plan.processes[0].port, plan.protocol, hosts)
 
 
 def _check_equal_gpus(job: JobInfo, layout: str) -> None:

@@ -1,8 +1,9 @@
 """A training process's progress counter, read by its node's agent (the hang watchdog).
 
-The agent gives each child the path of a file of 16 bytes (``KERAS_DISTRIB_PROGRESS_FILE``,
-contract.py): two little-endian 64-bit words, the count and how many ``watched`` calls
-(fit, evaluate) are running. ``tick()`` adds one to the count through a shared memory
+The agent gives each child the path of a file of 32 bytes (``KERAS_DISTRIB_PROGRESS_FILE``,
+contract.py): four little-endian 64-bit words, the count, how many ``watched`` calls
+(fit, evaluate) are running, and the last checkpoint's step + 1 (0: none yet) and the
+1-based epoch it lies in (``checkpointed``: what an elastic re-forming line names). ``tick()`` adds one to the count through a shared memory
 map: no system call, no RPC, a few hundred nanoseconds per scheduled function. The agent
 reads the file with one ``pread`` every few seconds (launcher/watchdog.py), and watches
 for silence only while a watched call runs: what a script does after ``fit`` (export,
@@ -23,7 +24,8 @@ from typing import Any, TypeVar
 
 from . import contract
 
-_SIZE = 16
+_SIZE = 32
+_WATCH_SIZE = 16  # the count and the depth: what the watchdog reads
 _F = TypeVar("_F", bound=Callable[..., Any])
 _lock = threading.Lock()
 _counter: _Counter | None = None
@@ -52,6 +54,12 @@ class _Counter:
     def enter(self, step: int) -> None:
         self.depth = max(0, self.depth + step)
         struct.pack_into("<Q", self.map, 8, self.depth)
+
+    def checkpointed(self, step: int, epoch: int) -> None:
+        # The epoch first: a reader that sees the new step sees its epoch (x86 keeps store order;
+        # a torn pair costs a wrong epoch in one log line, nothing else).
+        struct.pack_into("<Q", self.map, 24, epoch)
+        struct.pack_into("<Q", self.map, 16, step + 1)
 
 
 def reset() -> None:
@@ -114,6 +122,29 @@ def watched(fn: _F) -> _F:
     return call  # type: ignore[return-value]
 
 
+def checkpointed(step: int, epoch: int) -> None:
+    """Note that a checkpoint holds ``step`` (in the 1-based ``epoch``), for the agent's re-forming line."""
+    counter = _current()
+    if counter is not None:
+        counter.checkpointed(step, epoch)
+
+
+def last_checkpoint(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """The agent's side of ``checkpointed``: (step, 1-based epoch) of the last checkpoint; None: none yet."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, 16, 16)
+    finally:
+        os.close(fd)
+    if len(data) < 16:
+        return None
+    step, epoch = struct.unpack("<QQ", data)
+    return (step - 1, epoch) if step else None
+
+
 def read(path: str | os.PathLike[str]) -> tuple[int, bool] | None:
     """(count, whether a watched call runs) from ``path`` (the agent's side); None: no file yet."""
     try:
@@ -121,10 +152,10 @@ def read(path: str | os.PathLike[str]) -> tuple[int, bool] | None:
     except OSError:
         return None
     try:
-        data = os.pread(fd, _SIZE, 0)
+        data = os.pread(fd, _WATCH_SIZE, 0)
     finally:
         os.close(fd)
-    if len(data) < _SIZE:
+    if len(data) < _WATCH_SIZE:
         return 0, False
     count, depth = struct.unpack("<QQ", data)
     return count, depth > 0

@@ -47,6 +47,7 @@ UNIT_SECONDS = {
     "tests/local/test_resilience_local.py": 100,
     "tests/local/test_allreduce_trainer.py": 50,
     "tests/local/test_once.py": 45,
+    "tests/local/test_elastic_local.py": 90,  # 48-78 s alone (2026-11-27)
 }
 FOLDER_SECONDS = {"local": 30, "unit": 2}
 

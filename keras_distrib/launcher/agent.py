@@ -11,7 +11,12 @@ channel (keras_distrib.launcher.control). The rules:
 * failure: any process dying unexpectedly stops the whole job with one line naming it,
   unless restarts are allowed (--max-restarts, see restarts.py): agent 0 then orders the
   restart of the dead process (and of those that depend on it) on every node;
-* signals: SIGINT/SIGTERM/SIGUSR1 are forwarded to the children.
+* signals: SIGINT/SIGTERM/SIGUSR1 are forwarded to the children;
+* node loss with --min-nodes M: when a node other than the first is lost (silence, its
+  agent gone, its processes beyond the restart budget or hung without restarts) and at
+  least M nodes are left, agent 0 re-forms the job on them as a new generation of the plan
+  (plan.survivors_plan): every agent restarts its processes from it and SCRIPT resumes from
+  its last checkpoint. The first node (agent 0, the chief) is never dropped.
 
 Policy apart from mechanism, as torch's elastic agent does: ``Agent`` is a state machine
 (``State``, changed only by ``_enter``) that handles typed events (messages.py) and
@@ -42,7 +47,7 @@ from ..contract import PREEMPTED_EXIT_CODE, progress_file
 from ..logs import ROOT as ROOT_LOGGER
 from ..logs import LineFormatter, NodeLogger
 from ..network import wait_reachable
-from ..plan import CHIEF, Plan, Process, process_for_task
+from ..plan import CHIEF, Plan, Process, process_for_task, survivors_plan
 from . import control
 from . import requeue as requeue_job
 from .children import Child, describe_exit, shell_exit_code
@@ -51,7 +56,7 @@ from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
 from .messages import (
     ChildExited, Died, Done, Event, Failed, FromPeer, Hung, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
-    ScriptStopDeadline, SignalReceived, StartupChecked, Stop, Stuck,
+    ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop, Stuck,
 )
 from .options import Options
 from .prestart import require_free_ports, require_protocol
@@ -79,11 +84,12 @@ class State(Enum):
     STOPPED = "stopped"  # the exit code is decided; the processes are being stopped
 
 
-#: The transitions ``_enter`` allows (a restart takes a waiting agent back to running).
+#: The transitions ``_enter`` allows (a restart takes a waiting agent back to running; an
+#: elastic re-forming takes a running or waiting one through FORMING to the next generation).
 TRANSITIONS: dict[State, frozenset[State]] = {
     State.FORMING: frozenset({State.RUNNING, State.STOPPED}),
-    State.RUNNING: frozenset({State.WAITING, State.DRAINING, State.STOPPED}),
-    State.WAITING: frozenset({State.RUNNING, State.DRAINING, State.STOPPED}),
+    State.RUNNING: frozenset({State.WAITING, State.DRAINING, State.FORMING, State.STOPPED}),
+    State.WAITING: frozenset({State.RUNNING, State.DRAINING, State.FORMING, State.STOPPED}),
     State.DRAINING: frozenset({State.STOPPED}),
     State.STOPPED: frozenset(),
 }
@@ -131,6 +137,7 @@ class Processes(Protocol):
 
     def start(self, plan: Plan, launches: list[Launch]) -> None: ...
     def restart(self, names: list[str]) -> int: ...
+    def reform(self, plan: Plan, launches: list[Launch]) -> None: ...
     def current(self, child: Child) -> bool: ...
     def has_script(self) -> bool: ...
     def script_running(self) -> bool: ...
@@ -210,6 +217,12 @@ class Agent:
     def plan(self) -> Plan:
         return self.generation.plan
 
+    @property
+    def members(self) -> set[int]:
+        """The agents whose node is in the current generation (all of them until a re-forming)."""
+        nodes = set(self.plan.nodes)
+        return {a for a, node in self.identity.agent_nodes.items() if node in nodes}
+
     def post(self, event: Event) -> None:
         self.events.put(event)
 
@@ -222,7 +235,7 @@ class Agent:
         elif self.spec.mode == "per-role":
             mine = [process_for_task(self.spec.job, plan)]
         else:
-            mine = plan.on_node(self.spec.job.node_index)
+            mine = [p for p in plan.processes if p.node == self.identity.node]  # node indices change on re-forming
         checks = self.spec.runs_check and identity.leader and not plan.is_jax  # jax processes check themselves
         if checks and not any(p.job == CHIEF for p in plan.processes):
             # allreduce has no chief: the check runs as an extra client on the first node.
@@ -398,7 +411,7 @@ class Agent:
             self._stop(shell_exit_code(-self.interrupted))
             return
         # A script that died of the SIGUSR1 it was sent (no checkpoint_dir, no handler) stopped on request.
-        if self._may_restart() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1)):
+        if self._leader_decides() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1)):
             self._on_death(child, code)
             return
         if child.runs_script and (code in (0, PREEMPTED_EXIT_CODE) or not self.plan.every_process_runs_script
@@ -439,14 +452,14 @@ class Agent:
     def _script_done(self, code: int) -> None:
         """This agent's SCRIPTs all ended; in allreduce and jax, agent 0 waits for every agent."""
         if not self.identity.leader:
-            self.channel.to_leader(Done(self.identity.agent_id, code))
+            self.channel.to_leader(Done(self.identity.agent_id, code, self.generation.number))
             if self.state is State.RUNNING:
                 self._enter(State.WAITING)
             return
         self.done_agents.add(0)
         if code == PREEMPTED_EXIT_CODE:
             self._after_preemption()
-        elif code != 0 or not self.plan.every_process_runs_script or len(self.done_agents) == self.identity.num_agents:
+        elif code != 0 or not self.plan.every_process_runs_script or self.done_agents >= self.members:
             self._stop(code)
         elif self.state is State.RUNNING:
             self._enter(State.WAITING)
@@ -458,21 +471,28 @@ class Agent:
                     self._stop(0)
                 case Restart(targets):
                     self._restart_here(list(targets))
+                case Start(_, number, nodes) if nodes and number > self.generation.number:
+                    self._reform_here(number, tuple(nodes))
+            return
+        if isinstance(message, (Died, Done)) and message.generation != self.generation.number:
+            self.log.debug(f"dropped {message} of generation {message.generation} (now {self.generation.number})")
+            return
+        if agent not in self.members:  # a dropped agent's last words: its processes are no longer the job's
             return
         match message:
             case Failed(_, code):
                 self._stop(int(code or 1))
-            case Died(name, label, code):
+            case Died(name, label, code, _):
                 self._decide_restart(name, label, code)
             case Stuck(name, label, what, seen) if seen >= self.restarts_seen:  # else: already restarted
                 self._decide_restart(name, label, 1, what)
-            case Done(_, code) if code == PREEMPTED_EXIT_CODE:
+            case Done(_, code, _) if code == PREEMPTED_EXIT_CODE:
                 self._after_preemption()
-            case Done(_, code) if code:
+            case Done(_, code, _) if code:
                 self._stop(int(code))
             case Done():
                 self.done_agents.add(agent)
-                if self.plan.every_process_runs_script and len(self.done_agents) == self.identity.num_agents:
+                if self.plan.every_process_runs_script and self.done_agents >= self.members:
                     self._stop(0)
 
     def _on_peer_gone(self, agent: int) -> None:
@@ -483,11 +503,20 @@ class Agent:
             first = self.identity.agent_nodes[0]
             self.log.error(f"lost contact with the first node's agent ({first}); stopping.")
             self._stop(1, f"lost contact with the first node's agent ({first})")
+        elif agent not in self.members:  # dropped by a re-forming: it stopped, as told
+            return
+        elif (left := self._may_continue(node := self.identity.agent_nodes[agent])) is not None:
+            self._reform(node, left, "its agent disconnected")
         elif not self.interrupted:  # else: that agent ended on the same signal; the script decides
-            self.fail(f"the agent on {self.identity.agent_nodes[agent]} disconnected unexpectedly", 1)
+            self.fail(f"the agent on {node} disconnected unexpectedly", 1)
 
     def _on_node_lost(self, node: str, silent_for: float) -> None:
-        """Agent 0: a node went silent. Stop the job; with --requeue, requeue it to resume elsewhere."""
+        """Agent 0: a node went silent. Go on without it (--min-nodes), or stop; with --requeue, requeue."""
+        if node not in self.plan.nodes:  # dropped already
+            return
+        if (left := self._may_continue(node)) is not None:
+            self._reform(node, left, f"its agent sent no heartbeat for {silent_for:.0f} s")
+            return
         reason = f"lost the node {node}: its agent sent no heartbeat for {silent_for:.0f} s (node down or network cut)"
         if not self.spec.options.requeue:
             self.fail(reason, 1)
@@ -520,10 +549,15 @@ class Agent:
     def _may_restart(self) -> bool:
         return self.spec.options.max_restarts > 0 and not self.spec.runs_check and not self.interrupted
 
+    def _leader_decides(self) -> bool:
+        """Whether a death or hang goes to agent 0's decision: restarts allowed, or a re-forming possible."""
+        elastic = self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
+        return self._may_restart() or elastic
+
     def _on_death(self, child: Child, code: int) -> None:
         """A process died (a server's any exit, a script's signal): agent 0 decides."""
         if not self.identity.leader:
-            self.channel.to_leader(Died(child.proc.name, child.label, code))
+            self.channel.to_leader(Died(child.proc.name, child.label, code, self.generation.number))
         else:
             self._decide_restart(child.proc.name, child.label, code)
 
@@ -533,7 +567,7 @@ class Agent:
         if (proc is not culprit and not self.processes.current(culprit)) or self.interrupted:
             return  # replaced by a restart meanwhile, or the job is ending on a signal anyway
         label = f"{proc.name} on {proc.node}"
-        if not self._may_restart():
+        if not self._leader_decides():
             self.fail(f"{label} {what}. HINT: its stacks show where it waits; --max-restarts N restarts stuck "
                       "processes, --hang-timeout sets how long no progress is allowed", 1)
             return
@@ -550,6 +584,11 @@ class Agent:
         """
         budget = self.spec.options.max_restarts
         if self.restarts >= budget:
+            node = self._node_of(dead)
+            if node is not None and (left := self._may_continue(node)) is not None:
+                self._reform(node, left, f"{label} {what or 'exited with ' + describe_exit(code)}; the restart "
+                                         f"budget is spent ({self.restarts}/{budget})")
+                return
             self.fail(
                 f"{label} {what or 'exited unexpectedly with ' + describe_exit(code)}; the restart budget is spent "
                 f"({self.restarts}/{budget}). HINT: look for the cause in its "
@@ -564,6 +603,61 @@ class Agent:
         self.done_agents.clear()
         self.channel.to_all(Restart(tuple(targets)))
         self._restart_here(targets)
+
+    # -- node loss: continue on the survivors (--min-nodes; docs/faults.md, Node loss) ----------
+
+    def _node_of(self, name: str) -> str | None:
+        """The node of the current plan's process ``name`` (``job:index``); None if it has none."""
+        job, _, index = name.partition(":")
+        try:
+            return self.plan.find(job, int(index)).node
+        except (KeyError, ValueError):
+            return None
+
+    def _may_continue(self, lost: str) -> tuple[str, ...] | None:
+        """Agent 0: the nodes the job goes on on without ``lost``; None: stop or requeue as before."""
+        minimum = self.spec.options.min_nodes
+        left = tuple(n for n in self.plan.nodes if n != lost)
+        ok = (minimum is not None and self.identity.leader and not self.interrupted and not self.spec.runs_check
+              # agent 0 and the chief live on the first node: it is never dropped
+              and lost != self.plan.nodes[0] and lost in self.plan.nodes
+              and self.state in (State.RUNNING, State.WAITING) and len(left) >= minimum)
+        return left if ok else None
+
+    def _reform(self, lost: str, left: tuple[str, ...], why: str) -> None:
+        """Agent 0: say so in one line, order every agent onto the next generation, and go there."""
+        self.log.warning(f"lost {lost}; continuing on {len(left)} nodes ({', '.join(left)}) "
+                         f"{self._resume_point()} ({why})")
+        number = self.generation.number + 1
+        self.channel.to_all(Start(generation=number, nodes=left))  # a dropped agent still connected stops on it
+        self._reform_here(number, left)
+
+    def _resume_point(self) -> str:
+        """Where SCRIPT resumes: the writer's last checkpoint as its progress file tells (progress.py)."""
+        if self.plan.is_jax:  # SCRIPT checkpoints itself (keras_distrib.fit is not used): no note
+            return "from its last checkpoint"
+        plan_file = getattr(self.processes, "plan_file", None)  # None: the lifecycle tests' fakes
+        writer = next((p for p in self.plan.script_runners if p.index == 0), None)
+        if plan_file is None or writer is None:
+            return "from the start"
+        last = progress.last_checkpoint(progress_file(plan_file, writer))
+        if last is None:
+            return "from the start"
+        step, epoch = last
+        return f"from the checkpoint at epoch {epoch}, step {step}"
+
+    def _reform_here(self, number: int, nodes: tuple[str, ...]) -> None:
+        """Every agent: RUNNING/WAITING -> FORMING -> RUNNING on generation ``number``, the plan on ``nodes``."""
+        self._enter(State.FORMING)
+        self.generation = Generation(number, survivors_plan(self.plan, self.spec.job, nodes))
+        self.restarts_seen += 1  # a Stuck report from before is stale
+        self.done_agents.clear()  # the new generation's SCRIPTs have not ended
+        if self.identity.node not in nodes:  # dropped while still connected (its processes failed): stop
+            self.log.info(f"this node left the job, which goes on on {', '.join(nodes)}; stopping here.")
+            self._stop(0)
+            return
+        self.processes.reform(self.plan, [self.launch_of(p) for p in self.my_processes()])
+        self._enter(State.RUNNING)
 
     def _restart_here(self, targets: list[str]) -> None:
         self.restarts_seen += 1

@@ -49,6 +49,9 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
                         "the stuck process is named, its stacks kept, and it is restarted (default 300; 0: off)")
     p.add_argument("--requeue", action="store_true", default=None,
                    help="after a preemption/time-limit checkpoint, requeue the job (scontrol requeue, qrerun, brequeue)")
+    p.add_argument("--min-nodes", type=int, default=None, metavar="M",
+                   help="when a node other than the first is lost and at least M nodes remain, go on on them from "
+                        "the last checkpoint (default: stop, or requeue with --requeue)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
                    help="every process's full output goes to DIR/SCHEDULER-JOBID/JOB-INDEX.log "
                         "(default ./keras_distrib-logs: the job's working directory, beside Slurm's slurm-JOBID.out)")
@@ -81,7 +84,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "checkpoint_every", "log_dir", "hang_timeout")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "checkpoint_every", "log_dir", "hang_timeout")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 
@@ -109,6 +112,25 @@ def local_job(nodes: int, gpus_per_node: str, job_id: str) -> JobInfo:
     gpus = tuple(g for g in gpus_per_node.split(",") if g)
     names = tuple(f"local{i}" for i in range(nodes))
     return JobInfo("local", job_id, names, (1,) * nodes, node_gpus=tuple(gpus for _ in names))
+
+
+def check_min_nodes(options: Options, job: JobInfo, mode: str | None = None, check: bool = False) -> None:
+    """--min-nodes: no more than the job's nodes; to launch (``mode`` given), an agent per node and a SCRIPT."""
+    m = options.min_nodes
+    if m is None:
+        return
+    if m > job.num_nodes:
+        raise ClusterConfigError(f"min-nodes={m} is more than the job's {job.num_nodes} node(s).",
+                                 f"pass --min-nodes {max(1, job.num_nodes - 1)} or less (the job goes on while that "
+                                 "many nodes are left).")
+    if mode is None:
+        return
+    if check:
+        raise ClusterConfigError("--min-nodes does nothing with the cluster check (--check, or no SCRIPT).",
+                                 "drop --min-nodes, or give the training SCRIPT to run.")
+    if mode != "agent":
+        raise ClusterConfigError("--min-nodes needs one agent per node; the job starts one task per process.",
+                                 "start one task per node (e.g. srun --ntasks-per-node=1), or drop --min-nodes.")
 
 
 def format_table(plan: Plan) -> str:
@@ -145,11 +167,13 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             hosts = None
         plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts)
         hint = parser.agent_launch_hint if parser else "use --nodes."
+        check_min_nodes(options, job)
         if args.plan:
             check_task_counts(job, plan, hint)
             print(json.dumps(plan_json(plan)) if args.format == "json" else format_table(plan))
             return 0
         mode = tasks_mode(job, plan, hint)
+        check_min_nodes(options, job, mode, bool(args.check or args.script is None))
     except ClusterConfigError as exc:
         # Every task of a step checks the same environment: rank 0 reports for all, so
         # `srun --ntasks-per-node=2` shows the error once instead of once per task.

@@ -18,7 +18,7 @@ dataclass here, registered in ``_WIRE`` when it travels.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -76,11 +76,15 @@ class Start:
 
     ``hosts``: the interface address of each node (with --interface), which replaces the
     node names in the plan; ``generation``: the plan's generation (0 at start-up).
+    ``nodes``: an elastic re-forming (generation > 0): the nodes the job goes on on, in
+    plan order; every agent restarts its processes from the plan re-formed on them, and
+    an agent whose node is not among them stops.
     """
 
     KEY: ClassVar[str] = "start"
     hosts: dict[str, str] | None = None
     generation: int = 0
+    nodes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,21 +114,27 @@ class Failed:
 
 @dataclass(frozen=True)
 class Died:
-    """An agent -> agent 0: a process died and restarts are allowed: agent 0 decides."""
+    """An agent -> agent 0: a process died and restarts are allowed: agent 0 decides.
+
+    ``generation``: the plan generation the process belonged to; agent 0 drops a report
+    of an older one (its process was replaced by a re-forming).
+    """
 
     KEY: ClassVar[str] = "died"
     name: str
     label: str
     code: int
+    generation: int = 0
 
 
 @dataclass(frozen=True)
 class Done:
-    """An agent -> agent 0: every SCRIPT of this agent ended, with this exit code."""
+    """An agent -> agent 0: every SCRIPT of this agent ended, with this exit code (in ``generation``)."""
 
     KEY: ClassVar[str] = "done"
     agent: int
     code: int
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -154,13 +164,15 @@ def to_wire(message: ControlMessage) -> dict[str, Any]:
     if isinstance(message, Beat):
         return {Beat.KEY: 1}
     if isinstance(message, Start):
-        return {Start.KEY: {k: v for k, v in values.items() if v is not None}}
+        return {Start.KEY: {k: list(v) if k == "nodes" else v for k, v in values.items() if v is not None}}
     if isinstance(message, Restart):
         return {Restart.KEY: list(message.targets)}
     if isinstance(message, Hello):
         return values
     first, *rest = fields(message)
-    return {message.KEY: values[first.name]} | {f.name: values[f.name] for f in rest}
+    # generation 0 is left out: the wire of a job that never re-forms is as before.
+    return {message.KEY: values[first.name]} | {f.name: values[f.name] for f in rest
+                                                 if not (f.name == "generation" and values[f.name] == 0)}
 
 
 def decode(raw: Any) -> ControlMessage:
@@ -176,11 +188,15 @@ def decode(raw: Any) -> ControlMessage:
             return Beat()
         if kind is Start:
             body = raw[key]
-            return Start(hosts=body.get("hosts"), generation=int(body.get("generation", 0)))
+            nodes = body.get("nodes")
+            return Start(hosts=body.get("hosts"), generation=int(body.get("generation", 0)),
+                         nodes=tuple(str(n) for n in nodes) if nodes else None)
         if kind is Restart:
             return Restart(tuple(str(t) for t in raw[key]))
         first, *rest = fields(kind)
-        return kind(raw[key], *(raw[f.name] for f in rest))
+        # A field with a default may be missing (a generation-0 report).
+        return kind(raw[key], *(raw[f.name] if f.default is MISSING else raw.get(f.name, f.default)
+                                for f in rest))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         raise MessageError(f"malformed {key!r} message ({exc!r:.80})") from None
 

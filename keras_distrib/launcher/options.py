@@ -34,6 +34,9 @@ class Options:
     # Resilience (docs/faults.md): restarts of dead processes, requeue on preemption.
     max_restarts: int = 3
     requeue: bool = False
+    # Elastic (docs/faults.md, Node loss): when a node other than the first is lost and at
+    # least this many nodes remain, the job goes on on them (None: stop or requeue as before).
+    min_nodes: int | None = None
     checkpoint_every: str | None = None  # None: keras_distrib.checkpoint_interval.DEFAULT_EVERY
     # Every process's full output: LOG_DIR/SCHEDULER-JOBID/JOB-INDEX.log (None: ./keras_distrib-logs).
     log_dir: str | None = None
@@ -150,6 +153,10 @@ def validate(options: Options) -> Options:
         raise ClusterConfigError(f"max-restarts={options.max_restarts!r} must be a whole number >= 0.", "e.g. --max-restarts 3 (0: fail fast).")
     if not isinstance(options.requeue, bool):
         raise ClusterConfigError(f"requeue={options.requeue!r} must be true or false.", "e.g. 'requeue: true' in --config.")
+    if options.min_nodes is not None and (isinstance(options.min_nodes, bool) or not isinstance(options.min_nodes, int)
+                                          or options.min_nodes < 1):
+        raise ClusterConfigError(f"min-nodes={options.min_nodes!r} must be a whole number >= 1.",
+                                 "e.g. --min-nodes 2 (the job goes on while at least 2 nodes are left).")
     if options.checkpoint_every is not None:
         try:
             parse_interval(str(options.checkpoint_every))

@@ -109,6 +109,23 @@ class LocalProcesses:
             self.children[self.children.index(child)] = self._spawn(*self._started[child.proc.name])
         return len(old)
 
+    def reform(self, plan: Plan, launches: Sequence[Launch]) -> None:
+        """An elastic re-forming: kill every child here, rewrite the plan file, start ``launches`` of ``plan``.
+
+        The old children's exits are no longer ``current``; the plan file keeps its path, so
+        the progress files beside it stay where the watchdog and the agent read them.
+        """
+        for child in self.children:
+            child.signal(signal.SIGKILL)
+        for child in self.children:
+            child.popen.wait()
+        self.children = []
+        self._started.clear()
+        if self.plan_file is not None:
+            contract.rewrite_plan_file(self.plan_file, json.dumps(plan.to_json()))
+        self.cluster_json = None  # the cluster changed: encode the new one
+        self.start(plan, launches)
+
     def current(self, child: Child) -> bool:
         """False for a child a restart replaced (its exit is no news)."""
         return child in self.children

@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import data as kd_data
 from .. import progress
-from ..checkpoints import Meta, Preempted, preemption_signals, where_in_training
+from ..checkpoints import Meta, Preempted, preemption_signals, resume_position, where_in_training
 from . import _private_apis as private
 from . import callbacks as cb_utils
 from . import steps as step_contract
@@ -153,11 +153,32 @@ class Trainer:
             return initial_epoch, 0
         self._after_train_epoch()
         done = int(self.global_step.numpy())
-        keeper.checkpointer.nothing_left(done, epochs)
-        epoch, skip = divmod(done, steps_per_epoch)
+        checkpointer = keeper.checkpointer
+        meta = checkpointer.restored
+        # The meta's place, mapped when the steps per epoch changed with the workers (elastic).
+        epoch, skip = resume_position(meta, steps_per_epoch) if meta is not None else divmod(done, steps_per_epoch)
+        checkpointer.origin = (done - skip, epoch)  # later saves count epochs from the resumed one
+        checkpointer.nothing_left(done, epochs)
         if epoch < initial_epoch:
+            checkpointer.origin = (done, initial_epoch)
             return initial_epoch, 0
         return epoch, skip
+
+    def _workers_changed(self, callbacks: Sequence[Any], old: int | None, new: int | None) -> None:
+        """A resume on another number of workers (an elastic job re-formed): say so, call the users' hook.
+
+        The default keeps the global batch (a ps step is one worker's batch, an all-reduce
+        step the whole batch) and the learning rate; a callback with ``on_workers_changed(old,
+        new)`` may change them (Horovod's ``on_reset``), e.g. scale the learning rate.
+        """
+        if not old or not new or old == new:
+            return
+        hooks = [cb for cb in callbacks if callable(getattr(cb, "on_workers_changed", None))]
+        if self.is_chief:
+            logger.info(f"resuming on {new} workers (the checkpoint was saved on {old}): the global batch and the "
+                        f"learning rate are kept{f'; calling on_workers_changed({old}, {new})' if hooks else ''}.")
+        for cb in hooks:
+            cb.on_workers_changed(old, new)
 
     def _save_checkpoint(self, keeper: CheckpointKeeper | None) -> None:
         if keeper is not None:
@@ -317,6 +338,8 @@ class Trainer:
                 cb_utils.continue_csv_logs(callbacks, initial_epoch)
             cbs = cb_utils.callback_list(callbacks, self.model, epochs=epochs, steps=target,
                                          verbose=verbose, show=self.is_chief)
+            if restored is not None and keeper is not None:
+                self._workers_changed(callbacks, restored.workers, keeper.checkpointer.workers)
             with preemption_signals(enabled=keeper is not None):
                 history = self._epoch_loop(cbs, train, val, epochs=epochs, initial_epoch=initial_epoch,
                                            steps_per_epoch=steps_per_epoch, validation_steps=validation_steps,

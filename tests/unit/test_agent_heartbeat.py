@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from cluster_parsers import JobInfo
-from keras_distrib.launcher.agent import Agent, LaunchSpec
+from keras_distrib.launcher.agent import Agent, LaunchSpec, State
 from keras_distrib.launcher.formation import Identity, form_job
-from keras_distrib.launcher.messages import FromPeer, Stop
+from keras_distrib.launcher.messages import FromPeer, Start, Stop
 from keras_distrib.launcher.options import Options
 from keras_distrib.logs import configure_launcher
 from keras_distrib.plan import build_plan
@@ -28,10 +28,11 @@ def free_port_block() -> int:
         return sock.getsockname()[1] - 10
 
 
-def make_agent(agent_id: int, job: JobInfo, port_base: int, options: Options) -> Agent:
+def make_agent(agent_id: int, job: JobInfo, port_base: int, options: Options, processes: Any = None) -> Agent:
     identity = Identity(agent_id, job.num_nodes, job.nodes[agent_id], dict(enumerate(job.nodes)))
     here = JobInfo(job.scheduler, job.job_id, job.nodes, job.tasks_per_node, node_index=agent_id)
-    return Agent(LaunchSpec(here, build_plan(here, "allreduce", port_base), options, script="train.py"), identity)
+    return Agent(LaunchSpec(here, build_plan(here, "allreduce", port_base), options, script="train.py"), identity,
+                 processes=processes)
 
 
 def form(agent: Agent) -> None:
@@ -85,3 +86,37 @@ def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pyte
         for a in agents:
             a.channel.close()
     assert not (tmp_path / ".keras_distrib" / "secret-slurm-99").exists()  # agent 0 removed it at the end
+
+
+def test_with_min_nodes_a_silent_node_is_dropped_and_the_others_re_form(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The real channel carries the re-forming order: n2 restarts its process from the survivors' plan."""
+    from test_agent_lifecycle import FakeProcesses
+
+    monkeypatch.chdir(tmp_path)
+    job = JobInfo("slurm", "98", ("localhost", "n2", "n3"), (1, 1, 1))
+    options = Options(startup_timeout=120.0, heartbeat_timeout=1.5, min_nodes=2)
+    port_base = free_port_block()
+    agents = [make_agent(i, job, port_base, options, FakeProcesses()) for i in range(3)]
+    configure_launcher()
+    threads = [threading.Thread(target=form, args=(a,)) for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    try:
+        for a in agents:
+            a.begin(a.channel, a.plan)
+        agents[2].channel.client._closed.set()  # n3 goes silent
+        agents[0].handle(agents[0].events.get(timeout=15))
+        assert agents[0].result is None and agents[0].state is State.RUNNING and agents[0].generation.number == 1
+        err = capsys.readouterr().err
+        assert "lost n3; continuing on 2 nodes (localhost, n2) from the start (its agent sent no heartbeat for" in err
+        order = agents[1].events.get(timeout=5)
+        assert order == FromPeer(0, Start(generation=1, nodes=("localhost", "n2")))
+        agents[1].handle(order)
+        assert agents[1].state is State.RUNNING and agents[1].generation.number == 1
+        assert agents[1].processes.reformed == [["worker:1"]]  # type: ignore[attr-defined]
+    finally:
+        for a in agents:
+            a.channel.close()

@@ -46,6 +46,7 @@ class FakeProcesses:
     launches: list[Launch] = field(default_factory=list)
     restarted: list[list[str]] = field(default_factory=list)
     forwarded: list[int] = field(default_factory=list)
+    reformed: list[list[str]] = field(default_factory=list)  # what each re-forming started here
 
     def start(self, plan: Plan, launches: list[Launch]) -> None:
         self.launches += launches
@@ -57,6 +58,10 @@ class FakeProcesses:
         for child in old:
             self.children[self.children.index(child)] = FakeChild(child.proc, child.runs_script)
         return len(old)
+
+    def reform(self, plan: Plan, launches: list[Launch]) -> None:
+        self.reformed.append([launch.proc.name for launch in launches])
+        self.children = [FakeChild(launch.proc, launch.runs_script) for launch in launches]
 
     def current(self, child: Any) -> bool:
         return child in self.children
@@ -175,9 +180,13 @@ def test_start_launches_this_nodes_processes(layout: str, agent_id: int, expecte
 
 def test_only_the_allowed_transitions_happen() -> None:
     h = harness()
-    with pytest.raises(AssertionError, match="no transition RUNNING -> FORMING"):
-        h.agent._enter(State.FORMING)
+    h.agent._enter(State.DRAINING)
+    with pytest.raises(AssertionError, match="no transition DRAINING -> FORMING"):
+        h.agent._enter(State.FORMING)  # a job draining on a signal is not re-formed
     assert TRANSITIONS[State.STOPPED] == frozenset()
+    # an elastic re-forming: running or waiting -> forming -> running
+    assert State.FORMING in TRANSITIONS[State.RUNNING] and State.FORMING in TRANSITIONS[State.WAITING]
+    assert State.RUNNING in TRANSITIONS[State.FORMING]
 
 
 # -- deaths and restarts ------------------------------------------------------------------
@@ -383,6 +392,9 @@ def test_allreduce_job_ends_with_the_first_nonzero_code() -> None:
     (Done(2, 0), {"done": 2, "code": 0}),
     (Start(), {"start": {"generation": 0}}),
     (Start({"n1": "10.0.0.1"}, 1), {"start": {"hosts": {"n1": "10.0.0.1"}, "generation": 1}}),
+    (Start(generation=2, nodes=("n1", "n3")), {"start": {"generation": 2, "nodes": ["n1", "n3"]}}),
+    (Died("ps:1", "ps:1 on n2", -9, 1), {"died": "ps:1", "label": "ps:1 on n2", "code": -9, "generation": 1}),
+    (Done(2, 0, 3), {"done": 2, "code": 0, "generation": 3}),
 ])
 def test_each_message_keeps_its_wire_format(message: Any, wire: dict[str, Any]) -> None:
     from keras_distrib.launcher.messages import decode, to_wire
@@ -397,3 +409,159 @@ def test_unknown_or_malformed_messages_are_refused(wire: Any) -> None:
 
     with pytest.raises(MessageError):
         decode(wire)
+
+
+# -- node loss with --min-nodes: continue on the survivors --------------------------------------
+
+
+@pytest.mark.parametrize(("layout", "here"), [
+    ("ps-per-node", ["chief:0", "ps:0", "worker:0"]),
+    ("allreduce", ["worker:0"]),
+])
+def test_a_lost_node_with_min_nodes_reforms_on_the_survivors(layout: str, here: list[str], lines: list[str]) -> None:
+    h = harness(layout, min_nodes=2, requeue=True)
+    h.agent.handle(PeerSilent(2, 31.2))
+    assert h.state is State.RUNNING and h.agent.generation.number == 1 and h.agent.result is None
+    assert h.agent.plan.nodes == ("n1", "n2")
+    assert h.channel.to_all_sent == [Start(generation=1, nodes=("n1", "n2"))]
+    assert h.processes.reformed == [here]
+    assert lines[-1] == ("lost n3; continuing on 2 nodes (n1, n2) from the start "
+                         "(its agent sent no heartbeat for 31 s)")
+    assert h.requeued == []
+    # the next generation's plan: n3's processes gone, the others renumbered from 0
+    workers = [p.name for p in h.agent.plan.processes if p.job == "worker"]
+    assert workers == ["worker:0", "worker:1"]
+    # the dropped agent disconnecting or staying silent afterwards is no news
+    h.agent.handle(PeerGone(2))
+    h.agent.handle(PeerSilent(2, 60))
+    assert h.state is State.RUNNING and h.channel.to_all_sent == [Start(generation=1, nodes=("n1", "n2"))]
+
+
+def test_allreduce_after_a_reforming_ends_when_the_survivors_are_done() -> None:
+    h = harness("allreduce", min_nodes=2)
+    h.agent.handle(PeerSilent(1, 31))
+    assert h.agent.plan.nodes == ("n1", "n3")
+    h.exit("worker:0", 0)
+    h.agent.handle(FromPeer(2, Done(2, 0, 1)))  # n3's agent, in generation 1: the last one
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 0
+
+
+def test_a_second_loss_below_the_minimum_stops_or_requeues_as_before(lines: list[str]) -> None:
+    h = harness(min_nodes=2)
+    h.agent.handle(PeerSilent(2, 31))
+    assert h.state is State.RUNNING and h.agent.generation.number == 1
+    h.agent.handle(PeerSilent(1, 32))  # one node would be left: below 2
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 1
+    assert h.agent.result.reason == "lost the node n2: its agent sent no heartbeat for 32 s (node down or network cut)"
+    assert h.agent.result.lost_node == "n2"
+
+
+@pytest.mark.parametrize("requeue", [False, True])
+def test_below_min_nodes_stops_or_requeues_as_before(requeue: bool) -> None:
+    h = harness(min_nodes=3, requeue=requeue)
+    h.agent.handle(PeerSilent(2, 31.2))
+    assert h.state is State.STOPPED and h.agent.result is not None
+    assert h.agent.result.code == (0 if requeue else 1) and h.requeued == ([True] if requeue else [])
+    assert h.channel.to_all_sent == [Stop(h.agent.result.code)] and h.processes.reformed == []
+
+
+def test_an_agent_that_disconnects_is_dropped_with_min_nodes(lines: list[str]) -> None:
+    h = harness(min_nodes=2)
+    h.agent.handle(PeerGone(1))
+    assert h.state is State.RUNNING and h.agent.plan.nodes == ("n1", "n3")
+    assert lines[-1] == "lost n2; continuing on 2 nodes (n1, n3) from the start (its agent disconnected)"
+
+
+def test_the_first_node_is_never_dropped(lines: list[str]) -> None:
+    # the chief's death with the budget spent: the first node would be lost, so the job stops as before
+    h = harness(min_nodes=1, max_restarts=0)
+    h.exit("ps:0", -9)
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 137
+    assert h.processes.reformed == [] and not any(line.startswith("lost ") for line in lines)
+    assert not h.agent._may_continue("n1")
+
+
+def test_budget_spent_drops_the_node_of_the_dead_process(lines: list[str]) -> None:
+    h = harness(min_nodes=2, max_restarts=0)
+    h.agent.handle(FromPeer(2, Died("worker:2", "worker:2 on n3", -9)))
+    assert h.state is State.RUNNING and h.agent.plan.nodes == ("n1", "n2")
+    assert h.channel.to_all_sent == [Start(generation=1, nodes=("n1", "n2"))]
+    assert h.processes.reformed == [["chief:0", "ps:0", "worker:0"]]
+    assert lines[-1] == ("lost n3; continuing on 2 nodes (n1, n2) from the start (worker:2 on n3 exited with "
+                         "signal 9 (SIGKILL); the restart budget is spent (0/0))")
+
+
+def test_with_min_nodes_a_follower_reports_a_death_instead_of_failing() -> None:
+    h = harness(agent_id=2, min_nodes=2, max_restarts=0)
+    h.exit("worker:2", -9)
+    assert h.state is State.RUNNING and h.channel.to_leader_sent == [Died("worker:2", "worker:2 on n3", -9, 0)]
+
+
+def test_follower_reforms_on_start() -> None:
+    h = harness(agent_id=2, min_nodes=2)
+    h.agent.handle(FromPeer(0, Start(generation=1, nodes=("n1", "n3"))))  # n2 was lost
+    assert h.state is State.RUNNING and h.agent.generation.number == 1
+    assert h.processes.reformed == [["ps:1", "worker:1"]]
+    h.agent.handle(FromPeer(0, Start(generation=1, nodes=("n1", "n3"))))  # the same order again: nothing
+    assert h.processes.reformed == [["ps:1", "worker:1"]]
+    h.exit("worker:1", -9)
+    assert h.agent.channel.to_leader_sent[-1] == Died("worker:1", "worker:1 on n3", -9, 1)
+
+
+def test_a_dropped_follower_stops_with_0() -> None:
+    h = harness(agent_id=2, min_nodes=2)
+    h.agent.handle(FromPeer(0, Start(generation=1, nodes=("n1", "n2"))))
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 0
+    assert h.processes.reformed == []
+
+
+def test_stale_died_and_done_of_an_older_generation_are_ignored() -> None:
+    h = harness("allreduce", min_nodes=2, max_restarts=1)
+    h.agent.handle(PeerSilent(2, 31))
+    h.agent.handle(FromPeer(1, Died("worker:1", "worker:1 on n2", -9, 0)))  # from before the re-forming
+    assert h.agent.restarts == 0 and h.channel.to_all_sent == [Start(generation=1, nodes=("n1", "n2"))]
+    h.agent.handle(FromPeer(1, Done(1, 1, 0)))  # an old SCRIPT's failure: its process is gone
+    assert h.state is State.RUNNING
+    h.agent.handle(FromPeer(1, Died("worker:1", "worker:1 on n2", -9, 1)))  # the current generation's
+    assert h.agent.restarts == 1 and h.channel.to_all_sent[-1] == Restart(("worker:0", "worker:1"))
+
+
+def test_no_reforming_while_draining_on_a_signal() -> None:
+    h = harness(min_nodes=2)
+    h.agent.handle(SignalReceived(signal.SIGTERM))
+    h.agent.handle(PeerSilent(2, 31))
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.lost_node == "n3"
+
+
+@pytest.mark.parametrize(("layout", "writer"), [("ps-per-node", "chief-0"), ("allreduce", "worker-0")])
+def test_the_line_names_the_writers_last_checkpoint(layout: str, writer: str, tmp_path: Any,
+                                                   monkeypatch: pytest.MonkeyPatch, lines: list[str]) -> None:
+    from keras_distrib import contract, progress
+
+    h = harness(layout, min_nodes=2)
+    h.processes.plan_file = tmp_path / "plan.json"  # type: ignore[attr-defined]
+    monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(tmp_path / f"{contract.PROGRESS_FILE_PREFIX}{writer}"))
+    progress.reset()
+    try:
+        progress.checkpointed(812, 4)  # as the writer's Checkpointer.save does
+    finally:
+        progress.reset()
+    h.agent.handle(PeerSilent(2, 31.2))
+    assert lines[-1] == ("lost n3; continuing on 2 nodes (n1, n2) from the checkpoint at epoch 4, step 812 "
+                         "(its agent sent no heartbeat for 31 s)")
+
+
+def test_a_hang_without_restarts_drops_the_node(lines: list[str]) -> None:
+    from keras_distrib.launcher.messages import Hung, Stuck
+
+    follower = harness(agent_id=2, min_nodes=2, max_restarts=0)
+    follower.agent.handle(Hung(follower.processes.named("ps:2"), 300, "stopped", "/tmp/stacks"))  # type: ignore[arg-type]
+    assert follower.state is State.RUNNING  # reported, not failed: agent 0 decides
+    assert follower.channel.to_leader_sent == [
+        Stuck("ps:2", "ps:2 on n3", "made no progress for 300 s (state: stopped); its Python stacks: /tmp/stacks", 0)]
+    h = harness(min_nodes=2, max_restarts=0)
+    h.agent.handle(FromPeer(2, follower.channel.to_leader_sent[0]))
+    assert h.state is State.RUNNING and h.agent.plan.nodes == ("n1", "n2")
+    assert lines[-1].startswith("lost n3; continuing on 2 nodes (n1, n2) from the start (ps:2 on n3 made no progress "
+                                "for 300 s (state: stopped)")
+    assert lines[-1].endswith("; the restart budget is spent (0/0))")

@@ -160,13 +160,15 @@ BAD_INPUT = [
      ["'pbs'", "keras_distrib.slurm", "--scheduler pbs"]),
     ("flag-scheduler-contradicts-entry", "keras_distrib.slurm", STEP, ["--scheduler", "sge"], ["--scheduler is 'sge'"]),
     ("config-scheduler-in-local", "keras_distrib.local", {}, ["--config", "{tmp}/pbs.yaml"], ["does nothing", "keras_distrib.local"]),
+    ("min-nodes-above-nodes", "keras_distrib.slurm", STEP, ["--min-nodes", "9"], ["min-nodes=9", "--min-nodes"]),
+    ("config-min-nodes-zero", "keras_distrib.slurm", STEP, ["--config", "{tmp}/min0.yaml"], ["min-nodes=0", ">= 1"]),
     ("static-tasks-not-int", "keras_distrib", {"KERAS_DISTRIB_HOSTS_FILE": "{tmp}/two.yaml"}, [],
      ["tasks_per_node 'two'", "tasks_per_node: 1"]),
 ]
 CONFIG_FILES = {
     "kd.yaml": "layout: allreduce\nlayuot: allreduce\n", "layout.yaml": "layout: 5\n", "port.yaml": "port-base: 25000.0\n",
     "inf.yaml": "startup-timeout: .inf\n", "novalue.yaml": "interface:\n", "flux.yaml": "scheduler: flux\n",
-    "pbs.yaml": "scheduler: pbs\n", "two.yaml": "hosts: [a, b]\ntasks_per_node: two\n",
+    "pbs.yaml": "scheduler: pbs\n", "min0.yaml": "min-nodes: 0\n", "two.yaml": "hosts: [a, b]\ntasks_per_node: two\n",
 }
 
 
@@ -249,3 +251,21 @@ def test_ten_thousand_nodes() -> None:
     assert len(plan["nodes"]) == 10000 and plan["nodes"][0] == "n00001" and plan["nodes"][-1] == "n10000"
     assert [len(plan["cluster"][j]) for j in ("chief", "ps", "worker")] == [1, 10000, 10000]
     assert len(plan["processes"]) == 20001
+
+
+@pytest.mark.parametrize(("mode", "check", "expected"), [
+    ("agent", True, "--min-nodes does nothing with the cluster check"),
+    ("per-role", False, "--min-nodes needs one agent per node"),
+    ("agent", False, None),
+])
+def test_min_nodes_needs_an_agent_per_node_and_a_script(mode: str, check: bool, expected: str | None) -> None:
+    from cluster_parsers import ClusterConfigError, JobInfo
+    from keras_distrib.launcher.cli import check_min_nodes
+
+    job = JobInfo("slurm", "5", ("n1", "n2", "n3"), (1, 1, 1))
+    if expected is None:
+        check_min_nodes(Options(min_nodes=3), job, mode, check)  # accepted
+        return
+    with pytest.raises(ClusterConfigError, match=expected) as raised:
+        check_min_nodes(Options(min_nodes=2), job, mode, check)
+    assert " HINT: " in str(raised.value)

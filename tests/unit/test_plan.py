@@ -19,6 +19,7 @@ from keras_distrib.plan import (
     derive_port_base,
     node_roles,
     process_for_task,
+    survivors_plan,
     tasks_mode,
 )
 
@@ -221,3 +222,34 @@ def test_runs_script_and_control_port_agree_with_a_full_scan(layout: str, nodes:
     first_host = plan.processes[0].host
     assert plan.control_port() == max(p.port for p in plan.processes if p.host == first_host) + 1
     assert plan.control_port() == plan.control_port()  # cached, same answer
+
+
+@pytest.mark.parametrize("layout", ["ps-per-node", "allreduce"])
+def test_survivors_plan_keeps_the_first_node_and_its_ports_and_renumbers(layout: str) -> None:
+    j = job(3)
+    plan = build_plan(j, layout)
+    left = survivors_plan(plan, j, ("n1", "n3"))
+    assert left.nodes == ("n1", "n3") and left.layout == layout and left.job_id == plan.job_id
+    assert {p.node for p in left.processes} == {"n1", "n3"}
+    workers = [p for p in left.processes if p.job == "worker"]
+    assert [(p.node, p.index, p.node_index) for p in workers] == [("n1", 0, 0), ("n3", 1, 1)]  # renumbered
+    # each surviving host keeps the ports it had: the first node's, and so the control port, do not change
+    before = {(p.node, p.job): p.port for p in plan.processes}
+    assert all(before[(p.node, p.job)] == p.port for p in left.processes)
+    assert left.control_port() == plan.control_port()
+    assert left == survivors_plan(plan, j, ("n1", "n3"))  # pure: every agent computes the same
+
+
+def test_survivors_plan_packs_the_ports_of_one_host() -> None:
+    j = job(3)
+    plan = build_plan(j, "ps-per-node", 25000, hosts={n: "127.0.0.1" for n in j.nodes})
+    left = survivors_plan(plan, j, ("n1", "n2"))
+    assert [p.port for p in left.processes] == list(range(25000, 25005))  # chief, 2 ps, 2 workers on one host
+    assert left.cluster_spec()["ps"] == ["127.0.0.1:25001", "127.0.0.1:25003"]
+
+
+@pytest.mark.parametrize("nodes", [(), ("n2", "n3"), ("n1", "n9")])
+def test_survivors_plan_refuses_a_set_without_the_first_node_or_with_strangers(nodes: tuple[str, ...]) -> None:
+    j = job(3)
+    with pytest.raises(AssertionError, match="the first kept"):  # a bug of the caller, not a user error
+        survivors_plan(build_plan(j), j, nodes)

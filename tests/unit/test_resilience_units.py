@@ -289,3 +289,135 @@ def test_ending_the_step_says_why_it_cannot(monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.setenv("PATH", str(tmp_path))
     end_step("slurm", {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, lines.append)
     assert "'scancel' is not on PATH" in lines[-1]
+
+
+# -- elastic: a resume with another number of workers (docs/faults.md, Node loss) ----------------
+
+
+@pytest.mark.parametrize("value", [0, -1, "2", 1.5, True])
+def test_bad_min_nodes_is_refused(value: object) -> None:
+    with pytest.raises(ClusterConfigError, match="min-nodes") as raised:
+        validate(Options(min_nodes=value))  # type: ignore[arg-type]
+    assert "HINT: " in str(raised.value)
+
+
+def _meta(step: int, epoch: int, in_epoch: int, spe: int | None, workers: int | None = 3) -> Meta:
+    return Meta(step, epoch, in_epoch, spe, "ps-per-node", "sig", 0.0, workers=workers)
+
+
+def test_resume_position_keeps_the_place_or_maps_the_fraction_of_the_epoch() -> None:
+    from keras_distrib.checkpoints import resume_position
+
+    assert resume_position(_meta(812, 4, 12, 200), 200) == (4, 12)  # the same count: the meta's place
+    assert resume_position(_meta(812, 4, 12, None), 200) == (4, 12)  # no count saved: from step 0
+    assert resume_position(_meta(900, 4, 100, 200), 300) == (4, 150)  # half of epoch 5 done, on 300 steps now
+    assert resume_position(_meta(800, 4, 0, 200), 300) == (4, 0)  # an epoch's end stays one
+    assert resume_position(_meta(999, 4, 199, 200), 100) == (4, 99)  # a begun epoch keeps its last step
+
+
+def test_position_counts_epochs_from_the_resumed_one() -> None:
+    # Resumed at step 900 as epoch 4 with 150 of 300 steps done: epoch 4 began at (virtual) step 750.
+    origin = (750, 4)
+    assert position(900, 300, origin) == (4, 150)
+    assert position(1050, 300, origin) == (5, 0)  # the resumed epoch ends after its 150 remaining steps
+    assert position(1400, 300, origin) == (6, 50)
+    assert position(1400, 300) == (4, 200)  # without the origin: counted from step 0
+
+
+def test_progress_file_carries_the_last_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from keras_distrib import contract, progress
+
+    path = tmp_path / "progress-chief-0"
+    monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(path))
+    progress.reset()
+    try:
+        progress.tick(5)
+        assert progress.last_checkpoint(path) is None  # none yet
+        progress.checkpointed(0, 1)  # a checkpoint at step 0 is one
+        assert progress.last_checkpoint(path) == (0, 1)
+        progress.checkpointed(812, 5)
+        assert progress.last_checkpoint(path) == (812, 5)
+        assert progress.read(path) == (5, False)  # the watchdog's words are untouched
+    finally:
+        progress.reset()
+    assert progress.last_checkpoint(tmp_path / "missing") is None
+
+
+def test_worker_count_reads_the_current_plan(tmp_path: Path) -> None:
+    from keras_distrib import contract
+
+    plan_file = tmp_path / "plan.json"
+    plan = build_plan(JobInfo("slurm", "5", ("n1", "n2", "n3"), (1, 1, 1)))
+    plan_file.write_text(json.dumps(plan.to_json()))
+    env = {contract.PLAN_FILE_VAR: str(plan_file)}
+    assert contract.worker_count(env) == 3
+    contract.rewrite_plan_file(plan_file, json.dumps(build_plan(JobInfo("slurm", "5", ("n1", "n3"), (1, 1))).to_json()))
+    assert contract.worker_count(env) == 2  # a re-forming rewrote it in place
+    assert contract.worker_count({}) is None
+
+
+def test_a_resume_on_other_workers_calls_on_workers_changed(caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from keras_distrib.trainers.base import Trainer
+
+    seen: list[tuple[int, int]] = []
+    hook = SimpleNamespace(on_workers_changed=lambda old, new: seen.append((old, new)))
+    trainer = SimpleNamespace(is_chief=True)
+    with caplog.at_level("INFO", logger="keras_distrib"):
+        Trainer._workers_changed(trainer, [object(), hook], 3, 3)  # type: ignore[arg-type]
+        Trainer._workers_changed(trainer, [hook], None, 2)  # type: ignore[arg-type]  # an older checkpoint
+        assert seen == [] and not caplog.messages
+        Trainer._workers_changed(trainer, [object(), hook], 3, 2)  # type: ignore[arg-type]
+    assert seen == [(3, 2)]
+    assert caplog.messages == ["resuming on 2 workers (the checkpoint was saved on 3): the global batch and the "
+                               "learning rate are kept; calling on_workers_changed(3, 2)."]
+
+
+def test_local_processes_reform_kills_every_child_and_starts_the_new_plan(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from keras_distrib import contract
+    from keras_distrib.launcher.workers import ChildSettings, Launch, LocalProcesses
+    from keras_distrib.plan import survivors_plan
+
+    events: list[str] = []
+
+    def spawn(proc: object, argv: list[str], env: dict[str, str], runs_script: bool, on_exit: object,
+              **_: object) -> SimpleNamespace:
+        name = env[contract.TASK_VAR]
+        events.append(f"start {name} {len(json.loads(Path(env[contract.PLAN_FILE_VAR]).read_text())['nodes'])}")
+        return SimpleNamespace(proc=proc, runs_script=runs_script, env=env,
+                               signal=lambda s: events.append(f"signal {name} {s}"),
+                               popen=SimpleNamespace(wait=lambda: events.append(f"wait {name}")))
+
+    job = JobInfo("local", "7", ("local0", "local1", "local2"), (1, 1, 1))
+    plan = build_plan(job, "allreduce", 25000, hosts={n: "127.0.0.1" for n in job.nodes})
+    processes = LocalProcesses(lambda child, code: None, ChildSettings(60.0), spawner=spawn,
+                               plan_file=contract.write_plan_file(json.dumps(plan.to_json()), str(tmp_path)))
+    processes.start(plan, [Launch(p, ("python", "train.py"), True) for p in plan.processes])
+    old = list(processes.children)
+    plan_file = processes.plan_file
+    events.clear()
+    left = survivors_plan(plan, job, ("local0", "local1"))
+    processes.reform(left, [Launch(p, ("python", "train.py"), True) for p in left.processes])
+    assert events == ["signal worker:0 9", "signal worker:1 9", "signal worker:2 9",  # all killed first,
+                      "wait worker:0", "wait worker:1", "wait worker:2",  # and waited for,
+                      "start worker:0 2", "start worker:1 2"]  # then the new plan's, which they read
+    assert processes.plan_file == plan_file  # the same path: the progress files stay beside it
+    assert not any(processes.current(child) for child in old)  # the old exits are no news
+    assert json.loads(processes.children[1].env[contract.TF_CONFIG_VAR])["cluster"] == {
+        "worker": ["127.0.0.1:25000", "127.0.0.1:25001"]}
+
+
+def test_nothing_left_counts_epochs_from_the_resumed_one(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from keras_distrib.checkpoints import Checkpointer
+
+    checkpointer = Checkpointer(str(tmp_path), None, SimpleNamespace(weights=[]), writer=False, layout="allreduce")
+    checkpointer.steps_per_epoch = 300
+    checkpointer.origin = (750, 4)  # epoch 5 (0-based 4) began at step 750: 300 steps per epoch from there
+    assert not checkpointer.nothing_left(1049, 5)
+    assert checkpointer.nothing_left(1050, 5)  # from step 0 (1050 < 5 * 300) it would train on
+    assert not checkpointer.nothing_left(1050, 6)  # one more epoch asked for
