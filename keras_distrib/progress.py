@@ -122,6 +122,18 @@ def watched(fn: _F) -> _F:
     return call  # type: ignore[return-value]
 
 
+def _pread(path: str | os.PathLike[str], size: int, offset: int) -> bytes | None:
+    """Up to ``size`` bytes of ``path`` at ``offset``; None: no file yet."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+
+
 def checkpointed(step: int, epoch: int) -> None:
     """Note that a checkpoint holds ``step`` (in the 1-based ``epoch``), for the agent's re-forming line."""
     counter = _current()
@@ -131,15 +143,8 @@ def checkpointed(step: int, epoch: int) -> None:
 
 def last_checkpoint(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """The agent's side of ``checkpointed``: (step, 1-based epoch) of the last checkpoint; None: none yet."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        data = os.pread(fd, 16, 16)
-    finally:
-        os.close(fd)
-    if len(data) < 16:
+    data = _pread(path, 16, 16)
+    if data is None or len(data) < 16:
         return None
     step, epoch = struct.unpack("<QQ", data)
     return (step - 1, epoch) if step else None
@@ -147,14 +152,9 @@ def last_checkpoint(path: str | os.PathLike[str]) -> tuple[int, int] | None:
 
 def read(path: str | os.PathLike[str]) -> tuple[int, bool] | None:
     """(count, whether a watched call runs) from ``path`` (the agent's side); None: no file yet."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+    data = _pread(path, _WATCH_SIZE, 0)
+    if data is None:
         return None
-    try:
-        data = os.pread(fd, _WATCH_SIZE, 0)
-    finally:
-        os.close(fd)
     if len(data) < _WATCH_SIZE:
         return 0, False
     count, depth = struct.unpack("<QQ", data)

@@ -40,6 +40,18 @@ def form(agent: Agent) -> None:
     agent.channel, plan = form_job(agent.identity, agent.spec.job, agent.plan, agent.spec.options, agent.post, agent.log)
 
 
+def formed_agents(job: JobInfo, port_base: int, options: Options, processes: Any = None) -> list[Agent]:
+    """One agent per node of ``job``, each forming the job in its own thread (as on its node)."""
+    agents = [make_agent(i, job, port_base, options, processes and processes()) for i in range(len(job.nodes))]
+    configure_launcher()  # the launcher's entry point does this: lines go to stderr
+    threads = [threading.Thread(target=form, args=(a,)) for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return agents
+
+
 @pytest.mark.parametrize("requeue", [False, True])
 def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str], requeue: bool) -> None:
@@ -55,13 +67,7 @@ def test_a_silent_node_stops_the_job_naming_it(tmp_path: Path, monkeypatch: pyte
     job = JobInfo("slurm", "99", ("localhost", "n2", "n3"), (1, 1, 1))
     options = Options(startup_timeout=120.0, heartbeat_timeout=1.5, requeue=requeue)
     port_base = free_port_block()
-    agents = [make_agent(i, job, port_base, options) for i in range(3)]
-    configure_launcher()  # the launcher's entry point does this: lines go to stderr
-    threads = [threading.Thread(target=form, args=(a,)) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    agents = formed_agents(job, port_base, options)
     try:
         assert hasattr(agents[0].channel, "server") and all(hasattr(a.channel, "client") for a in agents[1:])
         agents[2].channel.client._closed.set()  # n3 goes silent: no heartbeat, its socket stays open
@@ -97,13 +103,7 @@ def test_with_min_nodes_a_silent_node_is_dropped_and_the_others_re_form(tmp_path
     job = JobInfo("slurm", "98", ("localhost", "n2", "n3"), (1, 1, 1))
     options = Options(startup_timeout=120.0, heartbeat_timeout=1.5, min_nodes=2)
     port_base = free_port_block()
-    agents = [make_agent(i, job, port_base, options, FakeProcesses()) for i in range(3)]
-    configure_launcher()
-    threads = [threading.Thread(target=form, args=(a,)) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    agents = formed_agents(job, port_base, options, FakeProcesses)
     try:
         for a in agents:
             a.begin(a.channel, a.plan)
