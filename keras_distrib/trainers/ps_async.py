@@ -199,11 +199,13 @@ class _RunBatches:
         self._at += 1
         return batch_of_run(self._run, self._at - 1, self._per_run, self._stacked)
 
-    def loop(self, advance: Any, carry: Any, num_steps: int) -> Any:
+    def loop(self, advance: Any, carry: Any, num_steps: Any) -> Any:
         """``num_steps`` more steps with the runs in a graph loop (the rest of this run and
         the last part-run unrolled): the loop body fetches a run and traces its steps."""
         import tensorflow as tf
 
+        if isinstance(num_steps, tf.Tensor):
+            return self._counted_loop(advance, carry, num_steps)
         now = min(num_steps, self.left_in_run)
         for _ in range(now):
             carry = advance(self, carry)
@@ -221,6 +223,27 @@ class _RunBatches:
         for _ in range(tail):
             carry = advance(batches, carry)
         return carry
+
+    def _counted_loop(self, advance: Any, carry: Any, num_steps: Any) -> Any:
+        """``num_steps`` (a tensor) steps from the start of the current run, one run per
+        iteration; one trace serves every count. The next run is fetched only while steps
+        remain: a run read past the part would be missing from the next part on this worker."""
+        import tensorflow as tf
+
+        per_run, iterator = self._per_run, self._iterator
+
+        def body(r: Any, c: Any, run: Any) -> tuple[Any, Any, Any]:
+            # Batch 0 of a run the loop entered always runs; the others while steps remain.
+            c = advance(_RunBatches(iterator, run, per_run, self._stacked, 0), c)
+            for j in range(1, per_run):
+                c = tf.cond(r * per_run + j < num_steps,
+                            lambda j=j, c=c: advance(_RunBatches(iterator, run, per_run, self._stacked, j), c),
+                            lambda c=c: c)
+            run = tf.cond((r + 1) * per_run < num_steps, lambda: iterator.get_next()[1], lambda: run)
+            return r + 1, c, run
+
+        runs = (num_steps + per_run - 1) // per_run
+        return tf.while_loop(lambda r, c, run: r < runs, body, (tf.zeros_like(num_steps), carry, self._run))[1]
 
 
 def batch_of_run(run: Any, index: int, per_run: int, stacked: bool) -> Any:
@@ -492,6 +515,16 @@ class DynamicDatasetInput:
         """Where in its run the part starting at batch ``first`` starts (0 but after a
         resume inside a run)."""
         return first % self.per_run
+
+
+def steps_arg(n: int, k: int, offset: int = 0) -> Any:
+    """A closure's step count as `run_chunk` takes it: K as a Python int (its steps unrolled,
+    the fast path), fewer as a tensor, so every remainder size shares one trace (a graph
+    loop; each size traced unrolled cost one more trace of up to K-1 steps per epoch size).
+    A part that starts inside a run (``offset``, after a resume) keeps its Python count."""
+    import tensorflow as tf
+
+    return n if n == k or offset else tf.constant(n, tf.int32)
 
 
 def skip_to(iterator: Any, first: Any, per_run: int, stacked: bool, offset: int) -> tuple[Any, "_RunBatches"]:
@@ -805,7 +838,8 @@ class ParameterServerTrainer(Trainer):
             carry = first_step()
             seconds = time.perf_counter() - started
             # One step has no rest: nothing to unroll, and no loop (it would trace the step again).
-            unroll_rest = num_steps <= 1 or (unroll and seconds * (num_steps - 1) <= UNROLL_TRACE_BUDGET_S)
+            unroll_rest = isinstance(num_steps, int) and (
+                num_steps <= 1 or (unroll and seconds * (num_steps - 1) <= UNROLL_TRACE_BUDGET_S))
             logger.debug("one step traced in %.3f s: the other %d of the chunk %s", seconds, num_steps - 1,
                          "unrolled" if unroll_rest else "in a graph loop")
             return carry, unroll_rest
@@ -840,13 +874,13 @@ class ParameterServerTrainer(Trainer):
                         for _ in range(num_steps - 1):
                             c = advance(_Batches(iterator), c)
                     else:
-                        c = then(c, tf.constant(num_steps - 1, left.dtype))
-                    return finished(c, tf.equal(left, num_steps))
+                        c = then(c, tf.cast(num_steps - 1, left.dtype))
+                    return finished(c, tf.equal(left, tf.cast(num_steps, left.dtype)))
 
                 def rest() -> tuple[Any, ...]:
                     return finished(then(advance(_Batches(iterator, first), carry), left - 1), True)
 
-                return tf.cond(left >= num_steps, full, rest)
+                return tf.cond(left >= tf.cast(num_steps, left.dtype), full, rest)
 
             return tf.cond(optional.has_value(), some, lambda: finished(carry, True))
 
@@ -855,26 +889,34 @@ class ParameterServerTrainer(Trainer):
             """``num_steps`` calls of ``advance(batches, carry, endless)``, one step of the mode."""
             if counted:
                 return counted_steps(iterator, carry, num_steps, lambda it, c: advance(it, c, True), unroll)
+            if isinstance(num_steps, tf.Tensor):  # a part's remainder (`steps_arg`): all in a graph loop
+                return loop(iterator, carry, num_steps, 0, lambda it, c: advance(it, c, endless))
             carry, unroll_rest = first_step_then_decide(lambda: advance(iterator, carry, endless), num_steps, unroll)
             if unroll_rest:  # unrolled: see the module docstring
                 for _ in range(num_steps - 1):
                     carry = advance(iterator, carry, endless)
                 return carry
+            return loop(iterator, carry, num_steps, 1, lambda it, c: advance(it, c, endless))
+
+        def loop(iterator: Any, carry: tuple[Any, ...], num_steps: Any, done: int, advance: Any) -> tuple[Any, ...]:
+            """Steps ``done`` .. ``num_steps`` in a graph loop."""
             if hasattr(iterator, "loop"):  # batches found by their place in the part: its own loop
-                return iterator.loop(lambda it, c: advance(it, c, endless), carry, num_steps - 1)
+                return iterator.loop(advance, carry, num_steps - done)
+
             def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-                return i + 1, advance(iterator, c, endless)
+                return i + 1, advance(iterator, c)
 
             # Until K steps ran or the shard ended (carry[1]).
             return tf.while_loop(lambda i, c: tf.logical_and(i < num_steps, tf.logical_not(c[1])), body,
-                                 (tf.constant(1), carry))[1]
+                                 (tf.constant(done), carry))[1]
 
         @step_contract.compiled
         def run_chunk(iterator: Any, shard_ids: Any, num_steps: int, endless: bool = False,
                       counted: bool = False, batch_size: int = 0, rows: Any = None, per_run: int = 1,
                       stacked: bool = False, offset: int = 0) -> Any:
-            # num_steps is a Python int (K, or a remainder): a constant in the graph
-            # instead of a chief tensor sent with every closure (at most two traces).
+            # num_steps is a Python int (K): a constant in the graph, so the K steps can be
+            # unrolled; a part's remainder is a tensor (`steps_arg`): one graph loop traced
+            # once for every remainder size.
             # endless: every shard repeats and is not empty, so no step needs a guard.
             # counted: each element carries how many are left in its shard (`with_countdown`).
             # rows: the part of the epoch the chief handed out (`DynamicInput`): the rows
@@ -916,7 +958,8 @@ class ParameterServerTrainer(Trainer):
                                              lambda it, c, endless: one_stale_step(it, c, values, endless))
                 logs = ()  # no annotation: AutoGraph cannot convert an annotated name it makes nonlocal
             else:
-                unroll = num_steps <= MAX_UNROLLED_STEPS and num_steps * len(variables) <= MAX_UNROLLED_VARIABLE_STEPS
+                unroll = isinstance(num_steps, int) and (
+                    num_steps <= MAX_UNROLLED_STEPS and num_steps * len(variables) <= MAX_UNROLLED_VARIABLE_STEPS)
                 carry = (zeros, tf.constant(False), first_logs(iterator, counted))
                 totals, exhausted, logs = run_steps(iterator, carry, num_steps, endless, counted, one_step, unroll)
             return finish(shard, totals, exhausted, logs, [tf.identity(opt.iterations.value)] if training else [])
@@ -980,10 +1023,11 @@ class ParameterServerTrainer(Trainer):
             # and one trace per length was one more trace of the whole chunk per shard size.
             key = tuple(("tensor", c.shape.rank) if isinstance(c, tf.Tensor) else c for c in constants)
             if key not in traces:
-                logger.debug("getting the trace of a closure for %s", key)
+                started = time.perf_counter()
                 spec = (iterator, self._shard_ids, *(tf.TensorSpec([None] * c.shape.rank, c.dtype)
                                                      if isinstance(c, tf.Tensor) else c for c in constants))
                 traces[key] = private.scheduled_concrete_function(self.coordinator, fn, spec)
+                logger.debug("the trace of a closure for %s: %.2f s", key, time.perf_counter() - started)
             return self.coordinator.schedule(traces[key], args=args)
 
         return schedule
@@ -1064,7 +1108,7 @@ class ParameterServerTrainer(Trainer):
             logger.info("re-running %d part(s) of the epoch that a re-run closure could not reach", len(missed))
             schedule = self._scheduler(fn, inp.iterator(epoch))
             for n, part in sorted(missed, key=lambda m: m[1]):  # in stream order: each runs
-                pending.append((n, schedule(n, True, False, 0, tf.constant(part, tf.int64), inp.per_run, inp.stacked,
+                pending.append((n, schedule(steps_arg(n, k, inp.offset(part)), True, False, 0, tf.constant(part, tf.int64), inp.per_run, inp.stacked,
                                             inp.offset(part)), part))
             missed.clear()
 
@@ -1079,12 +1123,13 @@ class ParameterServerTrainer(Trainer):
                     n, part = next(parts)
                     rows = tf.constant(part, tf.int64)
                     if stream:
-                        rv = schedule(n, True, False, 0, rows, inp.per_run, inp.stacked, inp.offset(part))
+                        offset = inp.offset(part)
+                        rv = schedule(steps_arg(n, k, offset), True, False, 0, rows, inp.per_run, inp.stacked, offset)
                     else:
-                        rv = schedule(n, True, False, inp.batch_size, rows, 1, False, 0)
+                        rv = schedule(steps_arg(n, k), True, False, inp.batch_size, rows, 1, False, 0)
                     pending.append((n, rv, part))
                 else:  # every argument: a trace binds all
-                    pending.append((n, schedule(n, inp.endless, inp.counted, 0, None, 1, False, 0), None))
+                    pending.append((n, schedule(steps_arg(n, k), inp.endless, inp.counted, 0, None, 1, False, 0), None))
                 scheduled += n
             if not pending:
                 break
