@@ -129,7 +129,7 @@ def test_a_process_that_never_joins_is_named(tmp_path: Path) -> None:
         "    time.sleep(3600)\n"
         "keras_distrib.distribution()\n"
     )
-    code, lines, _ = run_local(tmp_path, ["--nodes", "2", "--layout", "jax", "--startup-timeout", "45", "late.py"])
+    code, lines, _ = run_local(tmp_path, ["--nodes", "2", "--layout", "jax", "--startup-timeout", "20", "late.py"])
     assert code == 1, "\n".join(lines[-30:])
     named = [line for line in lines if "never reached keras_distrib.distribution()" in line]
     assert len(named) == 1 and "(worker:1 on local1)" in named[0] and "(worker:0 on local0)" not in named[0], lines[-20:]
