@@ -25,7 +25,7 @@ from .arrays import ArraySource
 from .base import BaseSource, CustomSource, InputError, Source
 from .files import READ_CHUNK, FileSource
 from .input import as_source, pipeline
-from .policy import (Order, epoch_parts, flatten_nest, map_nest, shard_arrays, shard_dataset, shard_files,
+from .policy import (Order, epoch_parts, tail_part_limit, flatten_nest, map_nest, shard_arrays, shard_dataset, shard_files,
                      shard_indices, shard_rows, shard_seed, shard_sizes, steps_for, worker_rank)
 from .pydataset import PyDatasetSource, is_py_dataset
 from .self_loading import SelfLoadedSource, self_loading
@@ -37,6 +37,7 @@ __all__ = [
     "CustomSource",
     "ArraySource",
     "epoch_parts",
+    "tail_part_limit",
     "shard_rows",
     "DatasetSource",
     "FileSource",

@@ -57,13 +57,23 @@ def shard_rows(n: int, num_shards: int, *, epoch: int, shuffle: bool, seed: int 
     return rows
 
 
+def tail_part_limit(left: int, k: int, workers: int, unit: int = 1) -> int:
+    """The most steps the next part of an epoch may hold with ``left`` steps to go: K, and
+    within the last ``2 * workers * K`` steps about ``left / (2 * workers)`` (guided
+    self-scheduling), so the last parts are small and a slow worker holding one delays the
+    epoch's end by little; a multiple of ``unit`` (at least one)."""
+    target = -(-left // (2 * max(1, workers)))
+    return max(unit, min(k - k % unit if k >= unit else unit, -(-target // unit) * unit))
+
+
 def epoch_parts(rows: Sequence[Any], batch_size: int, k: int, first_step: int = 0,
                 num_steps: int | None = None) -> Iterator[tuple[int, Any]]:
     """The parts of an epoch handed out dynamically in the parameter-server layouts:
     ``(steps, row numbers)`` for each, up to ``k`` consecutive steps of one shard (each
     shard batched on its own, its last batch maybe short, as with fixed shards), the
     shards taking turns. The sequence is fixed per epoch, so steps ``first_step`` to
-    ``first_step + num_steps`` (a resumed epoch) are the same rows whoever runs them."""
+    ``first_step + num_steps`` (a resumed epoch) are the same rows whoever runs them.
+    Near the end the parts shrink (`tail_part_limit`)."""
     sizes = [-(-len(r) // batch_size) for r in rows]
     sequence = []  # (shard, step in the shard), in the order they are handed out
     for start in range(0, max(sizes, default=0), k):
@@ -73,8 +83,8 @@ def epoch_parts(rows: Sequence[Any], batch_size: int, k: int, first_step: int = 
     end = len(sequence) if num_steps is None else min(first_step + num_steps, len(sequence))
     while at < end:
         shard, step = sequence[at]
-        n = 1
-        while n < k and at + n < end and sequence[at + n][0] == shard:
+        n, limit = 1, tail_part_limit(end - at, k, len(rows))
+        while n < limit and at + n < end and sequence[at + n][0] == shard:
             n += 1
         yield n, rows[shard][step * batch_size:(step + n) * batch_size]
         at += n

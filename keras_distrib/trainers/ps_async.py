@@ -502,11 +502,12 @@ class DynamicDatasetInput:
 
     def parts(self, epoch: int, first_step: int, num_steps: int, k: int) -> Iterator[tuple[int, int]]:
         """``(steps, number of the first batch)`` of each closure: whole runs in a row, K
-        batches or the most whole runs below that (at least one run); a start inside a run
-        (a checkpoint of another worker count) first goes up to a run's end."""
-        size = max(self.per_run, k - k % self.per_run)
+        batches or the most whole runs below that (at least one run; fewer near the end,
+        `keras_distrib.data.tail_part_limit`); a start inside a run (a checkpoint of another
+        worker count) first goes up to a run's end."""
         at, end = first_step, first_step + num_steps
         while at < end:
+            size = kd_data.tail_part_limit(end - at, k, self.per_run, self.per_run)
             n = min(end - at, size - at % self.per_run)
             yield n, at
             at += n

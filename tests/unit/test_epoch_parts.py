@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
-from keras_distrib.data import epoch_parts, shard_rows, shard_sizes
+from keras_distrib.data import epoch_parts, shard_rows, shard_sizes, tail_part_limit
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +49,28 @@ def test_a_resumed_epoch_trains_exactly_the_rows_left() -> None:
 
 def test_validation_steps_take_the_first_steps() -> None:
     rows = shard_rows(100, 2, epoch=0, shuffle=False, seed=None)
-    assert [steps for steps, _ in epoch_parts(rows, 4, 10, 0, 13)] == [10, 3]
+    parts = list(epoch_parts(rows, 4, 10, 0, 13))
+    assert sum(steps for steps, _ in parts) == 13
+    assert np.concatenate([p for _, p in parts]).tolist() == list(range(0, 80, 2))[:40] + list(range(1, 24, 2))
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_parts_shrink_near_the_end_so_a_slow_worker_holds_little(shards: int) -> None:
+    """K-step parts while more than 2 * workers * K steps are left; then about left / (2 * workers),
+    so the epoch's last part is a step or two, not K (a worker at half speed holding a K-step
+    part kept the others idle for K steps)."""
+    rows = shard_rows(3001, shards, epoch=0, shuffle=False, seed=None)
+    parts = [steps for steps, _ in epoch_parts(rows, 8, 10)]
+    left = np.cumsum(parts[::-1])[::-1]  # steps left when each part was handed out
+    assert all(steps == 10 for steps, rest in zip(parts, left) if rest > 2 * shards * 10 + 10)
+    assert max(parts[-shards:]) <= 2 and len(parts) < sum(parts) / 10 + 4 * shards + 10
+
+
+@pytest.mark.parametrize("left, k, workers, unit, want", [
+    (1000, 10, 2, 1, 10), (40, 10, 2, 1, 10), (39, 10, 2, 1, 10), (36, 10, 2, 1, 9), (5, 10, 2, 1, 2), (1, 10, 3, 1, 1),
+    (1000, 10, 3, 3, 9), (7, 10, 3, 3, 3), (30, 10, 2, 2, 8), (3, 1, 2, 2, 2)])
+def test_tail_part_limit(left: int, k: int, workers: int, unit: int, want: int) -> None:
+    assert tail_part_limit(left, k, workers, unit) == want
 
 
 def test_each_epoch_a_new_order_reproducible_from_the_seed() -> None:
