@@ -61,8 +61,9 @@ def tail_part_limit(left: int, k: int, workers: int, unit: int = 1) -> int:
     """The most steps the next part of an epoch may hold with ``left`` steps to go: K, and
     within the last ``2 * workers * K`` steps about ``left / (2 * workers)`` (guided
     self-scheduling), so the last parts are small and a slow worker holding one delays the
-    epoch's end by little; a multiple of ``unit`` (at least one)."""
-    target = -(-left // (2 * max(1, workers)))
+    epoch's end by little; a multiple of ``unit`` (at least one). One worker has no one to
+    wait for: K throughout."""
+    target = left if workers <= 1 else -(-left // (2 * workers))
     return max(unit, min(k - k % unit if k >= unit else unit, -(-target // unit) * unit))
 
 
