@@ -178,8 +178,9 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
     ``exact_epochs``: no ``steps_per_epoch``; each epoch is one pass over exactly
     ``steps`` steps (the examples repeated up to that size), as in a plain
     ``fit(x, y, epochs=...)``: every shard's size is known, and the trainer must find
-    where each one ends. ``tf_data``: those examples as an unbatched ``tf.data.Dataset`` of
-    known size (``from_tensor_slices``) instead of arrays.
+    where each one ends. ``tf_data``: the examples as an unbatched ``tf.data.Dataset`` of
+    known size (``from_tensor_slices``) instead of arrays (with ``steps_per_epoch`` too, so
+    exact epochs of tf.data compare with the same tf.data repeated).
     """
     import keras
     import numpy as np
@@ -198,10 +199,10 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
             # ps: each worker's shard gives ``steps`` batches; all-reduce: ``batch`` is global.
             rows = steps * ctx.batch * (ctx.info.num_workers if ctx.mode == "ps" else 1)
             epoch_data, steps_per_epoch = tuple(np.resize(a, (rows, *a.shape[1:])) for a in data), None
-            if tf_data:
-                import tensorflow as tf
+        if tf_data:
+            import tensorflow as tf
 
-                epoch_data = tf.data.Dataset.from_tensor_slices(epoch_data)
+            epoch_data = tf.data.Dataset.from_tensor_slices(epoch_data)
         keras_distrib.fit(model, epoch_data, epochs=2, steps_per_epoch=steps_per_epoch, batch_size=ctx.batch,
                           steps_per_execution=k, shuffle=shuffle, verbose=0, callbacks=[timer],
                           strategy=ctx.strategy, **fit_options)
@@ -503,6 +504,7 @@ SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
     # Local steps synchronise once per closure: twice the steps per closure, half the syncs.
     "keras_distrib_local_steps_2k": lambda ctx: side_keras_distrib(ctx, k=2 * ctx.k, ps_local_steps=True),
     "keras_distrib_exact_epochs": lambda ctx: side_keras_distrib(ctx, exact_epochs=True),
+    "keras_distrib_tf_data": lambda ctx: side_keras_distrib(ctx, tf_data=True),
     "keras_distrib_exact_epochs_tf_data": lambda ctx: side_keras_distrib(ctx, exact_epochs=True, tf_data=True),
     **{f"ps_chunk_{variant}": functools.partial(side_ps_chunk, variant=variant) for variant in CHUNK_VARIANTS},
     "pipeline_arrays": lambda ctx: side_stall(ctx, "arrays"),

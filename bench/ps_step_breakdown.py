@@ -16,8 +16,10 @@ model on the same data (bench/_train_jobs.py):
   ``steps_per_epoch`` (the input repeats: no guard per step);
 * ``keras_distrib_exact_epochs``: the same without ``steps_per_epoch``, one exact pass
   per epoch over as many batches (arrays: handed out in parts of K known steps);
-* ``keras_distrib_exact_epochs_tf_data``: the same examples as an unbatched ``tf.data``
-  of known size (a numbered stream, parts of K known steps);
+* ``keras_distrib_tf_data``: ``keras_distrib`` with the examples as an unbatched
+  ``tf.data`` of known size (``from_tensor_slices``), ``steps_per_epoch`` (repeated);
+* ``keras_distrib_exact_epochs_tf_data``: the same tf.data without ``steps_per_epoch``
+  (a numbered stream, parts of K known steps): issue 27's pair is this and the one above;
 * ``keras_distrib_stale_reads``: the same with the opt-in ``ps_stale_reads=True`` (one
   variable read per closure; changes the training semantics, see docs/training.md);
 * ``keras_distrib_local_steps``: the same with the opt-in ``ps_local_steps=True`` (K local
@@ -43,7 +45,7 @@ from _train_jobs import each_model, launch_result, model_runs, training_parser
 from ps_throughput import STEPS
 
 SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib",
-         "keras_distrib_exact_epochs", "keras_distrib_exact_epochs_tf_data", "keras_distrib_stale_reads", "keras_distrib_local_steps",
+         "keras_distrib_exact_epochs", "keras_distrib_tf_data", "keras_distrib_exact_epochs_tf_data", "keras_distrib_stale_reads", "keras_distrib_local_steps",
          "keras_distrib_local_steps_2k"]
 #: Sides that run more than K steps per closure (a factor of K).
 K_FACTOR = {"keras_distrib_local_steps_2k": 2}
@@ -54,7 +56,8 @@ INCREMENTS = [
     ("+ packed gradient send and apply on the ps (- local apply)", "ps_chunk_read_send", "ps_chunk_read"),
     ("+ trainer bookkeeping (step counter, metrics, epochs, chief)", "keras_distrib", "ps_chunk_read_send"),
     ("+ exact epochs (no steps_per_epoch)", "keras_distrib_exact_epochs", "keras_distrib"),
-    ("+ exact epochs of a tf.data of known size", "keras_distrib_exact_epochs_tf_data", "keras_distrib"),
+    ("+ tf.data (from_tensor_slices) instead of arrays", "keras_distrib_tf_data", "keras_distrib"),
+    ("+ exact epochs of that tf.data (no steps_per_epoch)", "keras_distrib_exact_epochs_tf_data", "keras_distrib_tf_data"),
 ]
 
 
@@ -87,6 +90,13 @@ def main() -> None:
             Comparison(f"13. step breakdown {name}: {side}", side, "one process", "steps/s",
                        rates[side], rates["single_process"], target="(report)")
             for side in SIDES[1:]
+        ]
+        # Issue 27 §1: exact epochs against the same fit with steps_per_epoch, per input kind.
+        comparisons += [
+            Comparison(f"27. exact epochs {name}, {kind}: without vs with steps_per_epoch", "exact epochs",
+                       "steps_per_epoch", "steps/s", rates[exact], rates[base], target=">= 0.95")
+            for kind, exact, base in (("arrays", "keras_distrib_exact_epochs", "keras_distrib"),
+                                      ("tf.data", "keras_distrib_exact_epochs_tf_data", "keras_distrib_tf_data"))
         ]
         text += [f"  {name} (median of {rounds} rounds):", *breakdown(rates, cpu, args.k)]
     print_table(f"Parameter-server step breakdown (batch {args.batch}, K={args.k}, {rounds} rounds, "
