@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import signal
 import subprocess
 import sys
 import time
@@ -151,7 +152,7 @@ def run_script_cluster(
             users.append(
                 subprocess.Popen(
                     [sys.executable, str(script), *args],
-                    env=task_env(spec, role, i, layout),
+                    env={**task_env(spec, role, i, layout), "PYTHONFAULTHANDLER": "1"},
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -164,9 +165,12 @@ def run_script_cluster(
             try:
                 out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                # PYTHONFAULTHANDLER: SIGABRT writes every thread's Python stack to stderr.
                 for q in users:
-                    q.kill()
-                raise
+                    q.send_signal(signal.SIGABRT)
+                _, err = p.communicate(timeout=60)
+                raise AssertionError(f"{script} did not finish within {timeout:.0f} s; its stderr's end (the "
+                                     f"stacks of its threads):\n{err[-12000:]}") from None
             results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
         return results
     finally:
