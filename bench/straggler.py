@@ -2,7 +2,7 @@
 layout, exact epochs (no ``steps_per_epoch``), and what the dynamic hand-out costs when no
 worker is slow (issue 28).
 
-    python bench/straggler.py [--smoke] [--rounds 3] [--workers 2,3] [--inputs arrays,tfdata]
+    python bench/straggler.py [--smoke] [--rounds 3] [--workers 2,3] [--inputs arrays,tfdata] [--dynamic-only]
 
 Local mode, ps-per-node, one node per worker, an MLP on 12,001 synthetic rows (64 features,
 batch 32, K=10 steps per closure, 6 epochs). From the end of epoch 1 on, the last worker's
@@ -147,7 +147,10 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--workers", default="2,3", help="worker counts to measure (default 2,3)")
     p.add_argument("--inputs", default="arrays,tfdata", help="input kinds to measure (default arrays,tfdata)")
+    p.add_argument("--dynamic-only", action="store_true",
+                   help="only the dynamic hand-out (no fixed-shard sides, no cost row): half the runs")
     args = p.parse_args()
+    fixed_too = not (args.smoke or args.dynamic_only)
     kinds = ["tfdata"] if args.smoke else args.inputs.split(",")
     rounds = 1 if args.smoke else args.rounds
     counts = [2] if args.smoke else [int(n) for n in args.workers.split(",")]
@@ -166,7 +169,7 @@ def main() -> None:
             key = f"{n}" if kind == "arrays" else f"{kind}-{n}"
             shares[key] = []
             for i in range(rounds):
-                for dynamic in ((True,) if args.smoke else (True, False)):
+                for dynamic in ((True, False) if fixed_too else (True,)):
                     slowed = run(work, n, dynamic=dynamic, slowed=True, epochs=epochs, rows=rows, inputs=kind)
                     calm = run(work, n, dynamic=dynamic, slowed=False, epochs=epochs, rows=rows, inputs=kind)
                     sides[dynamic].a.append(epoch_seconds(slowed))
@@ -180,7 +183,7 @@ def main() -> None:
                           f"{sides[dynamic].a[-1]:.2f} s, undisturbed {sides[dynamic].b[-1]:.2f} s",
                           file=sys.stderr, flush=True)
             comparisons.append(sides[True])
-            if not args.smoke:
+            if fixed_too:
                 comparisons += [sides[False], cost]
     print_table("Stragglers (parameter-server layout, exact epochs)", comparisons)
     for n, values in shares.items():
