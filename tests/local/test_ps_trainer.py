@@ -458,15 +458,18 @@ def test_a_tf_data_stream_holds_the_batches_of_the_fixed_shards(strategy: Any, w
                     source, s, workers, batch_size=size, shuffle=False, seed=5, repeat=False, epoch=epoch)]
                 assert sorted(batches[:inp.steps]) == sorted(fixed), (n, batch, epoch)
                 assert sorted(v for b in fixed for v in b[-1]) == ids.tolist()
-            # Parts are whole runs (K=10: 9 batches of 3 runs with 3 workers); a resume that
-            # starts inside a run first goes up to a run's end.
+            # Parts are whole runs (K=10: 9 batches of 3 runs with 3 workers), smaller within
+            # the last 2 x workers x K batches (kd.tail_part_limit); a resume that starts inside
+            # a run first goes up to a run's end.
             size = 10 - 10 % inp.per_run
             parts = list(inp.parts(0, 0, inp.steps, 10))
             assert sum(n for n, _ in parts) == inp.steps and all(first % inp.per_run == 0 for _, first in parts)
-            assert all(n == size for n, _ in parts[:-1])
+            assert all(n == size for n, first in parts if inp.steps - first > 2 * workers * 10 + size)
+            assert all(n <= size and (n % inp.per_run == 0 or first + n == inp.steps) for n, first in parts)
             if inp.per_run > 1 and inp.steps > size:
                 resumed = list(inp.parts(0, 1, inp.steps - 1, 10))
-                assert resumed[0] == (size - 1, 1) and inp.offset(1) == 1
+                limit = kd.tail_part_limit(inp.steps - 1, 10, inp.per_run, inp.per_run)
+                assert resumed[0] == (min(limit - 1, inp.steps - 1), 1) and inp.offset(1) == 1
                 assert sum(n for n, _ in resumed) == inp.steps - 1 and all(first % inp.per_run == 0 for _, first in resumed[1:])
 
 
