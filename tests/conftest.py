@@ -31,23 +31,23 @@ def work_unit(nodeid: str) -> str:
     return "real-clusters" if path.startswith(REAL_CLUSTER_FOLDERS) else path
 
 
-# Seconds of test time per work unit in CI (2026-11-27, tests/ --durations=0); a unit not
+# Seconds of test time per work unit in CI (2026-11-27 15:22, tests/ --durations=0); a unit not
 # listed counts by its folder. The longest units start first, so neither xdist worker is
 # left with a long one at the end (the real clusters ran alone for 5 minutes last).
 UNIT_SECONDS = {
-    "tests/local/test_exact_epochs.py": 560,
-    "tests/local/test_bench_smoke.py": 455,
-    "real-clusters": 440,
-    "tests/local/test_ps_trainer.py": 330,
-    "tests/local/test_custom_steps.py": 280,
-    "tests/local/test_jax_layout.py": 260,
+    "tests/local/test_exact_epochs.py": 470,
+    "real-clusters": 460,
+    "tests/local/test_bench_smoke.py": 400,
+    "tests/local/test_ps_trainer.py": 380,
+    "tests/local/test_custom_steps.py": 230,
     "tests/local/test_hangs_local.py": 180,
-    "tests/local/test_examples_local.py": 160,
-    "tests/local/test_lookup_layers.py": 155,
+    "tests/local/test_jax_layout.py": 180,
+    "tests/local/test_examples_local.py": 165,
     "tests/local/test_resilience_local.py": 100,
-    "tests/local/test_allreduce_trainer.py": 50,
+    "tests/local/test_lookup_layers.py": 85,
+    "tests/local/test_allreduce_trainer.py": 70,
+    "tests/local/test_elastic_local.py": 60,
     "tests/local/test_once.py": 45,
-    "tests/local/test_elastic_local.py": 90,  # 48-78 s alone (2026-11-27)
 }
 FOLDER_SECONDS = {"local": 30, "unit": 2}
 
