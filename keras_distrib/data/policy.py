@@ -64,7 +64,7 @@ def tail_part_limit(left: int, k: int, workers: int, unit: int = 1) -> int:
     epoch's end by little; a multiple of ``unit`` (at least one). One worker has no one to
     wait for: K throughout."""
     target = left if workers <= 1 else -(-left // (2 * workers))
-    return max(unit, min(k - k % unit if k >= unit else unit, -(-target // unit) * unit))
+    return max(unit, min(k - k % unit, -(-target // unit) * unit))
 
 
 def epoch_parts(rows: Sequence[Any], batch_size: int, k: int, first_step: int = 0,

@@ -504,8 +504,7 @@ class DynamicDatasetInput:
     def prepare(self, epoch: int) -> None:
         """Start making ``epoch``'s streams now: a worker makes them between two closures
         (the coordinator runs them first) and fills their prefetch buffers, so the epoch
-        starts without waiting for that (measured: 0.88x the steps/s of the same tf.data with
-        steps_per_epoch, whose one repeated iterator lasts the whole fit)."""
+        starts without waiting for that (figures: docs/performance.md)."""
         if self._ahead is None or self._ahead[0] != epoch:
             self._ahead = (epoch, self._make(epoch))
 
