@@ -16,7 +16,9 @@ channel (keras_distrib.launcher.control). The rules:
   agent gone, its processes beyond the restart budget or hung without restarts) and at
   least M nodes are left, agent 0 re-forms the job on them as a new generation of the plan
   (plan.survivors_plan): every agent restarts its processes from it and SCRIPT resumes from
-  its last checkpoint. The first node (agent 0, the chief) is never dropped.
+  its last checkpoint. The first node (agent 0, the chief) is never dropped. A dropped
+  agent that reaches agent 0 again (a link back) joins at the job's next checkpoint, up to
+  the job's size (--max-nodes).
 
 Policy apart from mechanism, as torch's elastic agent does: ``Agent`` is a state machine
 (``State``, changed only by ``_enter``) that handles typed events (messages.py) and
@@ -51,12 +53,12 @@ from ..plan import CHIEF, Plan, Process, process_for_task, survivors_plan
 from . import control
 from . import requeue as requeue_job
 from .children import Child, describe_exit, shell_exit_code
-from .formation import Channel, Identity, SoloChannel, form_job
+from .formation import Channel, Identity, SoloChannel, form_job, plan_digest, rejoin_job
 from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
 from .messages import (
-    ChildExited, Died, Done, Event, Failed, FromPeer, Hung, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
-    ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop, Stuck,
+    ChildExited, Died, Done, Event, Failed, FromPeer, Hung, JoinDue, OrphanStopDeadline, PeerGone, PeerJoined,
+    PeerSilent, RejoinFailed, Rejoined, Restart, ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop, Stuck,
 )
 from .options import Options
 from .prestart import require_free_ports, require_protocol
@@ -72,6 +74,10 @@ ORPHAN_STOP_WAIT = 30.0
 # How long SCRIPT may take to end after a forwarded SIGTERM/SIGINT (it saves a checkpoint
 # at its next step boundary) before the agent stops it: a hung SCRIPT never reaches one.
 SCRIPT_STOP_WAIT = 120.0
+# How long an agent cut off from agent 0 (--min-nodes) keeps trying to reach it again.
+REJOIN_WAIT = 600.0
+# How often agent 0 looks for the checkpoint at which a node that came back joins.
+JOIN_POLL = 1.0
 
 
 class State(Enum):
@@ -212,6 +218,11 @@ class Agent:
         self.restarts_seen = 0  # restarts carried out here (agent 0's or ordered): dates a Stuck report
         self.hangs = HangGuard.for_agent(self)  # the hang watchdog (watchdog.py); started by run()
         self.done_agents: set[int] = set()  # agent 0: agents whose SCRIPTs all ended well
+        self.formed_plan = spec.plan  # generation 0's: every re-forming picks its nodes from it
+        self.joining: dict[int, str] = {}  # agent 0: agents back after a drop, by node, not yet in the plan
+        self.join_mark: tuple[int, int] | None = None  # agent 0: the last checkpoint when they came back
+        self.join_armed = False
+        self.silent_nodes: set[str] = set()  # agent 0: dropped for silence; their tasks may still run
 
     @property
     def plan(self) -> Plan:
@@ -275,6 +286,7 @@ class Agent:
         """FORMING -> RUNNING: the job formed on ``plan``; start this node's processes."""
         self.channel = channel
         self.generation = Generation(self.generation.number, plan)
+        self.formed_plan = plan
         self.processes.start(plan, [self.launch_of(p) for p in self.my_processes()])
         self._enter(State.RUNNING)
 
@@ -323,13 +335,25 @@ class Agent:
             self.channel.close()
             if self.spec.log_dir is not None and self.identity.leader:
                 self.log.info(f"the full output of every process is in {self.spec.log_dir}")
-            if self.result is not None and self.result.lost_node is not None:
+            if self.identity.leader and self.spec.options.exit_code_file and self.result is not None:
+                self._write_exit_code(self.result.code)
+            if self.result is not None and (self.result.lost_node is not None or self.silent_nodes):
+                # a cut node's task keeps srun (or its peers) waiting until the scheduler gives the node up
                 self.end_step(self.plan.scheduler, self.environ, self.log.info)
             if kept is not None:
                 logging.getLogger(ROOT_LOGGER).removeHandler(kept)
                 kept.close()
         assert self.result is not None
         return self.result
+
+    def _write_exit_code(self, code: int) -> None:
+        """--exit-code-file: the job's exit code, for a job script whose srun returns another (the step ended)."""
+        path = Path(str(self.spec.options.exit_code_file))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{code}\n")
+        except OSError as exc:
+            self.log.warning(f"cannot write the exit code to {path} ({exc.strerror}).")
 
     def _keep_own_lines(self) -> logging.Handler | None:
         """This agent's own lines also go to LOG_DIR/agent-ID.log (None: no log directory)."""
@@ -366,6 +390,15 @@ class Agent:
                 self._on_peer_gone(agent)
             case PeerSilent(agent, seconds):
                 self._on_node_lost(self.identity.agent_nodes[agent], seconds)
+            case PeerJoined(agent, hello):
+                self._on_joined(agent, hello)
+            case JoinDue():
+                self._on_join_due()
+            case Rejoined(channel):
+                self._on_rejoined(channel)
+            case RejoinFailed(reason):
+                self.log.warning(f"cannot rejoin the job: {reason}; stopping.")
+                self._stop(0)
             case SignalReceived(signum):
                 self._on_signal(signum)
             case StartupChecked(unreachable):
@@ -501,9 +534,13 @@ class Agent:
                 self._stop(shell_exit_code(-self.interrupted))
                 return
             first = self.identity.agent_nodes[0]
+            if self._may_rejoin():
+                self._rejoin(f"lost contact with the first node's agent ({first})")
+                return
             self.log.error(f"lost contact with the first node's agent ({first}); stopping.")
             self._stop(1, f"lost contact with the first node's agent ({first})")
-        elif agent not in self.members:  # dropped by a re-forming: it stopped, as told
+        elif agent not in self.members:  # dropped by a re-forming: it stopped, as told (or left again)
+            self.joining.pop(agent, None)
             return
         elif (left := self._may_continue(node := self.identity.agent_nodes[agent])) is not None:
             self._reform(node, left, "its agent disconnected")
@@ -512,9 +549,11 @@ class Agent:
 
     def _on_node_lost(self, node: str, silent_for: float) -> None:
         """Agent 0: a node went silent. Go on without it (--min-nodes), or stop; with --requeue, requeue."""
-        if node not in self.plan.nodes:  # dropped already
+        if node not in self.plan.nodes:  # dropped already (or came back and left again before joining)
+            self.joining = {a: n for a, n in self.joining.items() if n != node}
             return
         if (left := self._may_continue(node)) is not None:
+            self.silent_nodes.add(node)
             self._reform(node, left, f"its agent sent no heartbeat for {silent_for:.0f} s")
             return
         reason = f"lost the node {node}: its agent sent no heartbeat for {silent_for:.0f} s (node down or network cut)"
@@ -632,27 +671,118 @@ class Agent:
         self.channel.to_all(Start(generation=number, nodes=left))  # a dropped agent still connected stops on it
         self._reform_here(number, left)
 
-    def _resume_point(self) -> str:
-        """Where SCRIPT resumes: the writer's last checkpoint as its progress file tells (progress.py)."""
-        if self.plan.is_jax:  # SCRIPT checkpoints itself (keras_distrib.fit is not used): no note
-            return "from its last checkpoint"
+    def _last_checkpoint(self) -> tuple[int, int] | None:
+        """(step, epoch) of the writer's last checkpoint, as its progress file tells (progress.py); None: none."""
         plan_file = getattr(self.processes, "plan_file", None)  # None: the lifecycle tests' fakes
         writer = next((p for p in self.plan.script_runners if p.index == 0), None)
         if plan_file is None or writer is None:
-            return "from the start"
-        last = progress.last_checkpoint(progress_file(plan_file, writer))
+            return None
+        return progress.last_checkpoint(progress_file(plan_file, writer))
+
+    def _resume_point(self) -> str:
+        """Where SCRIPT resumes, for the membership lines."""
+        if self.plan.is_jax:  # SCRIPT checkpoints itself (keras_distrib.fit is not used): no note
+            return "from its last checkpoint"
+        last = self._last_checkpoint()
         if last is None:
             return "from the start"
         step, epoch = last
         return f"from the checkpoint at epoch {epoch}, step {step}"
 
+    # -- a node comes back (docs/faults.md, Node loss) ---------------------------------------
+
+    def _may_rejoin(self) -> bool:
+        """A follower cut off from agent 0: try to rejoin (--min-nodes), rather than stop."""
+        return (self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
+                and self.state in (State.RUNNING, State.WAITING, State.FORMING))
+
+    def _rejoin(self, why: str) -> None:
+        """RUNNING/WAITING -> FORMING: stop this node's processes (the job goes on without them), reconnect."""
+        again = self.state is State.FORMING  # a reconnection refused (agent 0 still held the old one)
+        if again:
+            self.log.debug(f"{why}; reconnecting")
+        else:
+            self.log.warning(f"{why}; stopped this node's processes (the job goes on without them) and trying "
+                             f"for {REJOIN_WAIT:.0f} s to reach it again, to rejoin at the job's next checkpoint.")
+        self.processes.reform(self.plan, [])
+        self._enter(State.FORMING)
+        self._reconnect_in_background(delay=1.0 if again else 0.0)
+
+    def _reconnect_in_background(self, delay: float) -> None:
+        def reconnect() -> None:
+            threading.Event().wait(delay)
+            try:
+                channel = rejoin_job(self.identity, self.spec.plan, self.spec.options, self.post, REJOIN_WAIT)
+            except (control.ControlError, OSError) as exc:
+                self.post(RejoinFailed(str(exc)))
+                return
+            self.post(Rejoined(channel))
+
+        threading.Thread(target=reconnect, name="rejoin", daemon=True).start()
+
+    def _on_rejoined(self, channel: Channel) -> None:
+        self.channel.close()
+        self.channel = channel
+        if self.state is State.FORMING:
+            self.log.info("reached the first node's agent again; this node joins at the job's next checkpoint.")
+
+    def _on_joined(self, agent: int, hello: dict[str, Any]) -> None:
+        """Agent 0: a dropped agent connected again: it joins at the next checkpoint, up to --max-nodes."""
+        node = self.identity.agent_nodes.get(agent)
+        if node is None or node in self.plan.nodes or not self.identity.leader:
+            return
+        if self.spec.options.min_nodes is None or self.state is not State.RUNNING or self.interrupted:
+            self.log.info(f"the agent on {node} connected again; the job is {self.state.value}, so it stays out.")
+            return
+        if hello.get("plan") != plan_digest(self.spec.plan):
+            self.log.warning(f"the agent on {node} connected again with another plan (other options?); it stays out.")
+            return
+        limit = self.spec.options.max_nodes or len(self.formed_plan.nodes)
+        if len(self.plan.nodes) + len(self.joining) >= limit:
+            self.log.info(f"{node} is back, but the job runs on its {limit} nodes (--max-nodes); it stays out.")
+            return
+        if not self.joining:
+            self.join_mark = self._last_checkpoint()
+        self.joining[agent] = node
+        when = "now (SCRIPT checkpoints itself)" if self.plan.is_jax else "at the job's next checkpoint"
+        self.log.info(f"{node} is back (its agent connected again); it joins {when}.")
+        self._arm_join(0.0 if self.plan.is_jax else JOIN_POLL)
+
+    def _arm_join(self, seconds: float = JOIN_POLL) -> None:
+        if not self.join_armed:
+            self.join_armed = True
+            self.timers.after(seconds, JoinDue())
+
+    def _on_join_due(self) -> None:
+        """Agent 0: once the writer checkpointed after the nodes came back, re-form with them."""
+        self.join_armed = False
+        if not self.joining or self.state is not State.RUNNING or self.interrupted:
+            return
+        mark = self._last_checkpoint()
+        if not self.plan.is_jax and (mark is None or mark == self.join_mark):
+            self._arm_join()
+            return
+        back = [n for n in self.formed_plan.nodes if n in self.joining.values()]
+        nodes = tuple(n for n in self.formed_plan.nodes if n in self.plan.nodes or n in back)
+        self.log.warning(f"{', '.join(back)} rejoined; continuing on {len(nodes)} nodes ({', '.join(nodes)}) "
+                         f"{self._resume_point()}")
+        self.joining.clear()
+        self.silent_nodes -= set(back)
+        number = self.generation.number + 1
+        self.channel.to_all(Start(generation=number, nodes=nodes))
+        self._reform_here(number, nodes)
+
     def _reform_here(self, number: int, nodes: tuple[str, ...]) -> None:
         """Every agent: RUNNING/WAITING -> FORMING -> RUNNING on generation ``number``, the plan on ``nodes``."""
+        rejoining = self.state is State.FORMING  # a dropped agent back, not (yet) among ``nodes``
         self._enter(State.FORMING)
-        self.generation = Generation(number, survivors_plan(self.plan, self.spec.job, nodes))
+        self.generation = Generation(number, survivors_plan(self.formed_plan, self.spec.job, nodes))
         self.restarts_seen += 1  # a Stuck report from before is stale
         self.done_agents.clear()  # the new generation's SCRIPTs have not ended
-        if self.identity.node not in nodes:  # dropped while still connected (its processes failed): stop
+        if self.identity.node not in nodes:
+            if rejoining:  # another node's loss or return: keep waiting for this one's turn
+                return
+            # dropped while still connected (its processes failed): stop
             self.log.info(f"this node left the job, which goes on on {', '.join(nodes)}; stopping here.")
             self._stop(0)
             return

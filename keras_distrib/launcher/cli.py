@@ -52,6 +52,10 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--min-nodes", type=int, default=None, metavar="M",
                    help="when a node other than the first is lost and at least M nodes remain, go on on them from "
                         "the last checkpoint (default: stop, or requeue with --requeue)")
+    p.add_argument("--max-nodes", type=int, default=None, metavar="N",
+                   help="with --min-nodes: nodes that come back rejoin up to N nodes (default: the job's size)")
+    p.add_argument("--exit-code-file", default=None, metavar="FILE",
+                   help="the first agent writes the job's exit code here (job scripts whose step it ends, e.g. elastic.sbatch)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
                    help="every process's full output goes to DIR/SCHEDULER-JOBID/JOB-INDEX.log "
                         "(default ./keras_distrib-logs: the job's working directory, beside Slurm's slurm-JOBID.out)")
@@ -84,7 +88,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "checkpoint_every", "log_dir", "hang_timeout")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 
@@ -118,7 +122,15 @@ def check_min_nodes(options: Options, job: JobInfo, mode: str | None = None, che
     """--min-nodes: no more than the job's nodes; to launch (``mode`` given), an agent per node and a SCRIPT."""
     m = options.min_nodes
     if m is None:
+        if options.max_nodes is not None:
+            raise ClusterConfigError(f"max-nodes={options.max_nodes} does nothing without --min-nodes.",
+                                     "add --min-nodes M (the job goes on on M nodes or more), or drop --max-nodes.")
         return
+    top = options.max_nodes
+    if top is not None and not m <= top <= job.num_nodes:
+        raise ClusterConfigError(f"max-nodes={top} is not between min-nodes={m} and the job's {job.num_nodes} node(s).",
+                                 f"pass --max-nodes {job.num_nodes} or less (nodes that come back rejoin up to it), "
+                                 f"and at least --min-nodes.")
     if m > job.num_nodes:
         raise ClusterConfigError(f"min-nodes={m} is more than the job's {job.num_nodes} node(s).",
                                  f"pass --min-nodes {max(1, job.num_nodes - 1)} or less (the job goes on while that "

@@ -50,6 +50,9 @@ GREETING_TIMEOUT = 60.0
 BACKLOG = 65535
 # A lost peer (no heartbeat) is reported to the listener with ``{LOST: seconds}`` (never sent).
 LOST = "lost"
+# An agent that connects once the job runs (it was dropped, and is back) is reported to the
+# listener with ``{JOINED: its hello}`` (never sent).
+JOINED = "joined"
 
 
 class ControlError(RuntimeError):
@@ -300,8 +303,11 @@ class ControlServer:
         conn.agent = agent
         self._peers[agent] = conn
         with self._changed:
+            running = self._on_message is not None
             self._hellos[agent] = hello
             self._changed.notify_all()
+        if running:  # the job formed long ago: a dropped agent is back (agent.py decides)
+            self._deliver(agent, {JOINED: hello})
         return True
 
     def _refuse(self, conn: _Connection, reason: str) -> None:
@@ -379,7 +385,9 @@ class ControlClient:
         timeout: float,
         secret: bytes,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        refused_ends: bool = False,
     ) -> None:
+        """``refused_ends``: a refused connection (nobody listens any more) fails at once, not at the deadline."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -392,6 +400,13 @@ class ControlClient:
                 if not isinstance(greeting, dict) or not isinstance(greeting.get(Nonce.KEY), str):
                     raise ControlError(f"{host}:{port} is not a keras_distrib agent (another program holds the port?)")
                 break
+            except ConnectionRefusedError:
+                if refused_ends:
+                    raise ControlError(f"nothing listens at {host}:{port} any more (the job ended there)") from None
+                if time.monotonic() > deadline:
+                    raise ControlError(f"cannot reach the first node's agent at {host}:{port} within {timeout:.0f} s "
+                                       "(connection refused)") from None
+                time.sleep(0.2)
             except (OSError, ValueError) as exc:  # agent 0 may not listen yet: retry until the deadline
                 if time.monotonic() > deadline:
                     raise ControlError(

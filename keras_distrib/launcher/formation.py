@@ -23,7 +23,9 @@ from cluster_parsers import JobInfo
 from ..plan import Plan, build_plan
 from . import control
 from .interfaces import interface_ipv4
-from .messages import Event, FromPeer, Hello, JobMessage, MessageError, PeerGone, PeerSilent, Start, decode, to_wire
+from .messages import (
+    Event, FromPeer, Hello, JobMessage, MessageError, PeerGone, PeerJoined, PeerSilent, Start, decode, to_wire,
+)
 from .options import Options
 
 logger = logging.getLogger(__name__)
@@ -104,10 +106,13 @@ class FollowerChannel:
         threading.Thread(target=self._relay, name="control-relay", daemon=True).start()
 
     def _relay(self) -> None:
-        while (raw := self.client.receive()) is not None:
-            event = peer_event(0, raw)
-            if event is not None:
-                self._post(event)
+        try:
+            while (raw := self.client.receive()) is not None:
+                event = peer_event(0, raw)
+                if event is not None:
+                    self._post(event)
+        except control.ControlError as exc:  # refused: e.g. agent 0 still holds this agent's old connection
+            logger.debug(f"control channel: {exc}")
         self._post(PeerGone(0))
 
     def to_leader(self, message: JobMessage) -> None:
@@ -126,6 +131,8 @@ def peer_event(agent: int, raw: control.Message | None) -> Event | None:
         return PeerGone(agent)
     if control.LOST in raw:
         return PeerSilent(agent, float(raw[control.LOST]))
+    if control.JOINED in raw:
+        return PeerJoined(agent, dict(raw[control.JOINED]))
     try:
         message = decode(raw)
     except MessageError as exc:  # an authenticated agent of another version: say so, go on
@@ -212,3 +219,23 @@ def form_job(
     if message.hosts:
         plan = readdressed(job, plan, message.hosts)
     return FollowerChannel(client, post), plan
+
+
+def rejoin_job(
+    identity: Identity,
+    plan: Plan,
+    options: Options,
+    post: Callable[[Event], None],
+    timeout: float,
+) -> Channel:
+    """A dropped agent (not agent 0) connects to agent 0 again; the order to start comes later, as an event.
+
+    ``plan``: the plan the job formed on (agent 0 checks the digest, as at start-up).
+    Raises ControlError when agent 0 is not reached within ``timeout`` or no longer listens.
+    """
+    my_ip = interface_ipv4(options.interface, identity.node) if options.interface else None
+    secret, _ = control.job_secret(plan.scheduler, plan.job_id, os.environ)
+    hello = Hello(identity.agent_id, identity.node, my_ip, plan_digest(plan))
+    client = control.ControlClient(plan.processes[0].node, plan.control_port(), to_wire(hello), timeout, secret,
+                                   options.heartbeat_timeout, refused_ends=True)
+    return FollowerChannel(client, post)

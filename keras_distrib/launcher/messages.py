@@ -236,6 +236,33 @@ class PeerSilent:
 
 
 @dataclass(frozen=True)
+class PeerJoined:
+    """Agent 0: an agent not in the current generation connected again (its ``Hello``, as sent)."""
+
+    agent: int
+    hello: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Rejoined:
+    """A dropped agent reached agent 0 again: ``channel`` is its new connection (formation.Channel)."""
+
+    channel: Any
+
+
+@dataclass(frozen=True)
+class RejoinFailed:
+    """A dropped agent gave up reaching agent 0 (``reason``: why)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class JoinDue:
+    """Agent 0: time to look whether a checkpoint was written since a node came back."""
+
+
+@dataclass(frozen=True)
 class SignalReceived:
     """SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 reached this agent."""
 
@@ -273,5 +300,5 @@ class OrphanStopDeadline:
     """An agent without SCRIPT got no stop order within ORPHAN_STOP_WAIT seconds of a signal."""
 
 
-Event = (ChildExited | FromPeer | PeerGone | PeerSilent | SignalReceived | StartupChecked
-         | ScriptStopDeadline | OrphanStopDeadline | Hung)
+Event = (ChildExited | FromPeer | PeerGone | PeerSilent | PeerJoined | Rejoined | RejoinFailed | JoinDue
+         | SignalReceived | StartupChecked | ScriptStopDeadline | OrphanStopDeadline | Hung)

@@ -37,6 +37,10 @@ class Options:
     # Elastic (docs/faults.md, Node loss): when a node other than the first is lost and at
     # least this many nodes remain, the job goes on on them (None: stop or requeue as before).
     min_nodes: int | None = None
+    # Nodes that come back after a drop rejoin up to this many (None: the job's size).
+    max_nodes: int | None = None
+    # The first agent writes the job's exit code to this file (a job script reports it: elastic.sbatch).
+    exit_code_file: str | None = None
     checkpoint_every: str | None = None  # None: keras_distrib.checkpoint_interval.DEFAULT_EVERY
     # Every process's full output: LOG_DIR/SCHEDULER-JOBID/JOB-INDEX.log (None: ./keras_distrib-logs).
     log_dir: str | None = None
@@ -157,6 +161,10 @@ def validate(options: Options) -> Options:
                                           or options.min_nodes < 1):
         raise ClusterConfigError(f"min-nodes={options.min_nodes!r} must be a whole number >= 1.",
                                  "e.g. --min-nodes 2 (the job goes on while at least 2 nodes are left).")
+    if options.max_nodes is not None and (isinstance(options.max_nodes, bool) or not isinstance(options.max_nodes, int)
+                                          or options.max_nodes < 1):
+        raise ClusterConfigError(f"max-nodes={options.max_nodes!r} must be a whole number >= 1.",
+                                 "e.g. --max-nodes 3 (nodes that come back rejoin up to 3 nodes).")
     if options.checkpoint_every is not None:
         try:
             parse_interval(str(options.checkpoint_every))

@@ -565,3 +565,132 @@ def test_a_hang_without_restarts_drops_the_node(lines: list[str]) -> None:
     assert lines[-1].startswith("lost n3; continuing on 2 nodes (n1, n2) from the start (ps:2 on n3 made no progress "
                                 "for 300 s (state: stopped)")
     assert lines[-1].endswith("; the restart budget is spent (0/0))")
+
+
+# -- a node comes back (issue 25 §2) --------------------------------------------------------
+
+
+def checkpoint_at(h: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, step: int, epoch: int,
+                  writer: str = "chief-0") -> None:
+    """The writer notes a checkpoint in its progress file, as its Checkpointer.save does."""
+    from keras_distrib import contract, progress
+
+    h.processes.plan_file = tmp_path / "plan.json"  # type: ignore[attr-defined]
+    monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(tmp_path / f"{contract.PROGRESS_FILE_PREFIX}{writer}"))
+    progress.reset()
+    try:
+        progress.checkpointed(step, epoch)
+    finally:
+        progress.reset()
+
+
+def hello_of(h: Harness, agent: int) -> dict[str, Any]:
+    from keras_distrib.launcher.formation import plan_digest
+
+    return {"agent": agent, "node": NODES[agent], "ip": None, "plan": plan_digest(h.agent.spec.plan)}
+
+
+def test_a_node_back_joins_at_the_next_checkpoint(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                  lines: list[str]) -> None:
+    from keras_distrib.launcher.messages import JoinDue, PeerJoined
+
+    h = harness(min_nodes=2)
+    checkpoint_at(h, tmp_path, monkeypatch, 400, 2)
+    h.agent.handle(PeerSilent(2, 31))
+    assert h.agent.plan.nodes == ("n1", "n2") and h.agent.silent_nodes == {"n3"}
+    h.agent.handle(PeerJoined(2, hello_of(h, 2)))
+    assert lines[-1] == "n3 is back (its agent connected again); it joins at the job's next checkpoint."
+    assert [type(e) for _, e in h.timers.pending] == [JoinDue]
+    h.agent.handle(JoinDue())  # no checkpoint since it came back: wait
+    assert h.agent.plan.nodes == ("n1", "n2") and len(h.timers.pending) == 2
+    checkpoint_at(h, tmp_path, monkeypatch, 600, 3)
+    h.agent.handle(JoinDue())
+    assert h.agent.plan.nodes == NODES and h.agent.generation.number == 2 and h.state is State.RUNNING
+    assert h.channel.to_all_sent[-1] == Start(generation=2, nodes=NODES)
+    assert h.processes.reformed[-1] == ["chief:0", "ps:0", "worker:0"]
+    assert lines[-1] == "n3 rejoined; continuing on 3 nodes (n1, n2, n3) from the checkpoint at epoch 3, step 600"
+    assert h.agent.silent_nodes == set() and h.agent.joining == {}
+    # the plan is the job's first one again: n3 holds ps:2 and worker:2
+    assert h.agent.plan == h.agent.formed_plan
+
+
+def test_a_node_that_leaves_again_before_the_checkpoint_does_not_join(tmp_path: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from keras_distrib.launcher.messages import JoinDue, PeerJoined
+
+    h = harness(min_nodes=2)
+    h.agent.handle(PeerSilent(2, 31))
+    h.agent.handle(PeerJoined(2, hello_of(h, 2)))
+    h.agent.handle(PeerGone(2))
+    checkpoint_at(h, tmp_path, monkeypatch, 600, 3)
+    h.agent.handle(JoinDue())
+    assert h.agent.plan.nodes == ("n1", "n2") and h.agent.generation.number == 1
+
+
+@pytest.mark.parametrize(("options", "hello", "said"), [
+    ({"min_nodes": 1, "max_nodes": 2}, None, "n3 is back, but the job runs on its 2 nodes (--max-nodes); it stays out."),
+    ({"min_nodes": 2}, {"plan": "another"},
+     "the agent on n3 connected again with another plan (other options?); it stays out."),
+])
+def test_a_node_back_stays_out_beyond_max_nodes_or_with_another_plan(options: dict[str, Any], hello: Any,
+                                                                     said: str, lines: list[str]) -> None:
+    from keras_distrib.launcher.messages import PeerJoined
+
+    h = harness(**options)
+    h.agent.handle(PeerSilent(2, 31))
+    h.agent.handle(PeerJoined(2, hello_of(h, 2) | (hello or {})))
+    assert lines[-1] == said and h.timers.pending == [] and h.agent.joining == {}
+
+
+def test_jax_takes_a_node_back_at_once(lines: list[str]) -> None:
+    from keras_distrib.launcher.messages import JoinDue, PeerJoined
+
+    h = harness("jax", min_nodes=2)
+    h.agent.handle(PeerSilent(1, 31))
+    h.agent.handle(PeerJoined(1, hello_of(h, 1)))
+    assert h.timers.pending == [(0.0, JoinDue())]
+    h.agent.handle(JoinDue())
+    assert h.agent.plan.nodes == NODES
+    assert lines[-1] == "n2 rejoined; continuing on 3 nodes (n1, n2, n3) from its last checkpoint"
+
+
+def test_a_cut_off_follower_stops_its_processes_and_rejoins_on_start(monkeypatch: pytest.MonkeyPatch,
+                                                                     lines: list[str]) -> None:
+    from keras_distrib.launcher.messages import Rejoined, RejoinFailed
+
+    h = harness(agent_id=2, min_nodes=2)
+    tries: list[float] = []
+    monkeypatch.setattr(h.agent, "_reconnect_in_background", lambda delay: tries.append(delay))
+    h.agent.handle(PeerGone(0))
+    assert h.state is State.FORMING and h.processes.reformed == [[]] and tries == [0.0]
+    assert lines[-1].startswith("lost contact with the first node's agent (n1); stopped this node's processes")
+    h.agent.handle(PeerGone(0))  # the new connection refused (agent 0 still held the old one): try again
+    assert tries == [0.0, 1.0] and h.state is State.FORMING
+    channel = FakeChannel()
+    h.agent.handle(Rejoined(channel))
+    assert h.agent.channel is channel
+    h.agent.handle(FromPeer(0, Start(generation=1, nodes=("n1", "n2"))))  # dropped: keep waiting
+    assert h.state is State.FORMING and h.processes.reformed == [[], []]
+    h.agent.handle(FromPeer(0, Start(generation=2, nodes=NODES)))  # taken back
+    assert h.state is State.RUNNING and h.processes.reformed[-1] == ["ps:2", "worker:2"]
+    h.agent.handle(PeerGone(0))
+    h.agent.handle(RejoinFailed("nothing listens at n1:1 any more (the job ended there)"))
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 0
+
+
+def test_without_min_nodes_a_cut_off_follower_stops() -> None:
+    h = harness(agent_id=2)
+    h.agent.handle(PeerGone(0))
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 1
+
+
+def test_the_end_writes_the_exit_code_and_ends_the_step_while_a_silent_node_may_run(tmp_path: Any) -> None:
+    h = harness(min_nodes=2, exit_code_file=str(tmp_path / "sub" / "exit-code"))
+    ended: list[str] = []
+    h.agent.end_step = lambda scheduler, environ, say: ended.append(scheduler)
+    h.agent.form = lambda: (h.channel, h.agent.plan)  # type: ignore[method-assign]
+    h.agent.state = State.FORMING  # as before run()
+    h.agent.post(PeerSilent(2, 31))
+    h.agent.post(FromPeer(1, Failed("worker:1 on n2 exited with 3", 3)))
+    assert h.agent.run().code == 3
+    assert (tmp_path / "sub" / "exit-code").read_text() == "3\n" and ended == ["slurm"]

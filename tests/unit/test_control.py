@@ -250,3 +250,31 @@ def test_job_secret_file_is_private_and_shared_by_racing_agents(tmp_path: Path) 
 @pytest.mark.parametrize("count, expected", [(1, "a0"), (3, "a0, a1, a2"), (12, "a0, a1, a2, ... and 9 more (12 in all)")])
 def test_first_few(count: int, expected: str) -> None:
     assert control.first_few((f"a{i}" for i in range(count)), limit=3) == expected
+
+
+def test_an_agent_that_connects_again_is_delivered_as_joined_and_refused_while_still_held() -> None:
+    job = Job(2)
+    try:
+        hello = {"agent": 2, "node": "n2", "plan": "abc"}
+        again = control.ControlClient("127.0.0.1", job.port, hello, 10, SECRET)
+        # agent 2's first connection is still held: the second one is refused, not joined
+        with pytest.raises(control.ControlError, match="already connected"):
+            again.receive()
+        again.close()
+        job.clients.pop(2).close()
+        assert job.inbox.get(timeout=5) == (2, None)  # the first connection ended
+        back = control.ControlClient("127.0.0.1", job.port, hello, 10, SECRET)
+        job.clients[2] = back
+        assert job.inbox.get(timeout=5) == (2, {control.JOINED: hello})
+        job.server.broadcast({"stop": 0})
+        assert back.receive() == {"stop": 0}
+    finally:
+        job.close()
+
+
+def test_a_client_that_may_not_wait_fails_at_once_when_nothing_listens() -> None:
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(control.ControlError, match="nothing listens"):
+        control.ControlClient("127.0.0.1", port, {"agent": 1, "node": "n1"}, 30, SECRET, refused_ends=True)
+    assert time.monotonic() - started < 5

@@ -50,6 +50,7 @@ TEMPLATES = [
     Template("scripts/sbatch/ps-per-node.sbatch", "keras_distrib.slurm", "ps-per-node", "#SBATCH"),
     Template("scripts/sbatch/worker-per-gpu.sbatch", "keras_distrib.slurm", "worker-per-gpu", "#SBATCH"),
     Template("scripts/sbatch/allreduce.sbatch", "keras_distrib.slurm", "allreduce", "#SBATCH"),
+    Template("scripts/sbatch/elastic.sbatch", "keras_distrib.slurm", '"$LAYOUT"', "#SBATCH"),
     Template("scripts/pbs/ps-per-node.pbs", "keras_distrib.pbs", "ps-per-node", "#PBS"),
     Template("scripts/sge/ps-per-node.sge", "keras_distrib.sge", "ps-per-node", "#$"),
 ]
@@ -149,7 +150,8 @@ def run_template(template: Template, tmp_path: Path, env: dict[str, str], args: 
     record = tmp_path / "record.txt"
     record.write_text("")
     for name in ("srun", "pbsdsh", "qrsh", "mypython"):
-        stub(bindir, name)
+        if not (bindir / name).exists():  # a test's own stub stays
+            stub(bindir, name)
     full_env = {
         "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "HOME": str(tmp_path),
@@ -171,10 +173,49 @@ def test_sbatch_runs_srun_with_the_arguments(template: Template, tmp_path: Path,
     code, calls, err = run_template(template, tmp_path, env, ARGS, rc)
     assert code == rc, err
     python = str(tmp_path / "bin" / "mypython")
+    if template.layout == '"$LAYOUT"':  # elastic.sbatch: its defaults
+        assert calls == [[
+            "srun", "--no-kill", "--kill-on-bad-exit=0", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1",
+            "--cpus-per-task=2", python, "-m", "keras_distrib.slurm", "--layout", "ps-per-node", "--min-nodes", "2",
+            "--requeue", "--exit-code-file", "keras_distrib-logs/slurm-0.exit-code", *ARGS,
+        ]]
+        return
     assert calls == [[
         "srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--cpus-per-task=2",
         python, "-m", "keras_distrib.slurm", "--layout", template.layout, "--requeue", *ARGS,
     ]]
+
+
+ELASTIC = next(t for t in TEMPLATES if t.path.endswith("elastic.sbatch"))
+# Stub srun as after a dropped node: the first agent wrote the job's code, then ended the step.
+SRUN_ENDED_BY_THE_FIRST_AGENT = textwrap.dedent(
+    """\
+    #!/bin/bash
+    line=$(printf '\\t%s' "$@")
+    printf '%s%s\\n' srun "$line" >> "$RECORD"
+    for ((i = 1; i <= $#; i++)); do
+        if [ "${!i}" = --exit-code-file ]; then j=$((i + 1)); mkdir -p "$(dirname "${!j}")"; echo "$JOB_CODE" > "${!j}"; fi
+    done
+    exit 143
+    """
+)
+
+
+@needs_bash
+@pytest.mark.parametrize("job_code", ["0", "3"])
+def test_elastic_reports_the_first_agents_code_and_takes_layout_and_minimum(tmp_path: Path, job_code: str) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    stub(bindir, "srun", SRUN_ENDED_BY_THE_FIRST_AGENT)
+    (tmp_path / "keras_distrib-logs").mkdir()
+    (tmp_path / "keras_distrib-logs" / "slurm-42.exit-code").write_text("9\n")  # a previous run's (requeued job)
+    env = {"SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_ID": "42", "LAYOUT": "allreduce", "MIN_NODES": "2",
+           "JOB_CODE": job_code}
+    code, calls, err = run_template(ELASTIC, tmp_path, env, ARGS, 0)
+    assert code == int(job_code), err
+    launch = calls[0][calls[0].index("-m"):]
+    assert launch == ["-m", "keras_distrib.slurm", "--layout", "allreduce", "--min-nodes", "2", "--requeue",
+                      "--exit-code-file", "keras_distrib-logs/slurm-42.exit-code", *ARGS]
 
 
 SRUN_WAITING_FOR_USR1 = textwrap.dedent(
