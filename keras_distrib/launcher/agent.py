@@ -57,7 +57,7 @@ from .formation import Channel, Identity, SoloChannel, form_job, plan_digest, re
 from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
 from .messages import (
-    ChildExited, Died, Done, Event, Failed, FromPeer, Hung, JoinDue, OrphanStopDeadline, PeerGone, PeerJoined,
+    ChildExited, Died, Done, Event, Failed, FailureDue, FromPeer, Hung, JoinDue, OrphanStopDeadline, PeerGone, PeerJoined,
     PeerSilent, RejoinFailed, Rejoined, Restart, ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop, Stuck,
 )
 from .options import Options
@@ -78,6 +78,9 @@ SCRIPT_STOP_WAIT = 120.0
 REJOIN_WAIT = 600.0
 # How often agent 0 looks for the checkpoint at which a node that came back joins.
 JOIN_POLL = 1.0
+# With --min-nodes, a SCRIPT that fails waits this long past the heartbeat timeout for the
+# node loss that may have caused it (a collective or a ps on a cut node) before the job stops.
+FAILURE_GRACE = 5.0
 
 
 class State(Enum):
@@ -396,6 +399,10 @@ class Agent:
                 self._on_join_due()
             case Rejoined(channel):
                 self._on_rejoined(channel)
+            case FailureDue(reason, code, number):
+                if number == self.generation.number:  # else: a re-forming since explained it
+                    self.log.error(f"{reason}; no node was lost meanwhile; stopping the job.")
+                    self._stop(code, reason)
             case RejoinFailed(reason):
                 self.log.warning(f"cannot rejoin the job: {reason}; stopping.")
                 self._stop(0)
@@ -461,7 +468,11 @@ class Agent:
             culprit, what = blamed
             self._on_hung(culprit, what + f" ({child.label} exited with {describe_exit(code)} because of it)")
             return
-        self.fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
+        reason = f"{child.label} exited unexpectedly with {describe_exit(code)}"
+        if child.runs_script:
+            self._script_failed(reason, shell_exit_code(code) or 1)
+        else:
+            self.fail(reason, shell_exit_code(code) or 1)
 
     def _warn_if_unported(self, child: Child) -> None:
         """Agent 0: SCRIPT ended well without ever calling keras_distrib: name the idle processes."""
@@ -492,6 +503,8 @@ class Agent:
         self.done_agents.add(0)
         if code == PREEMPTED_EXIT_CODE:
             self._after_preemption()
+        elif code != 0 and self._elastic():
+            self._hold_failure(f"SCRIPT ended with exit code {code}", code)
         elif code != 0 or not self.plan.every_process_runs_script or self.done_agents >= self.members:
             self._stop(code)
         elif self.state is State.RUNNING:
@@ -513,6 +526,8 @@ class Agent:
         if agent not in self.members:  # a dropped agent's last words: its processes are no longer the job's
             return
         match message:
+            case Failed(reason, code) if self._elastic():
+                self._hold_failure(reason, int(code or 1))
             case Failed(_, code):
                 self._stop(int(code or 1))
             case Died(name, label, code, _):
@@ -521,6 +536,8 @@ class Agent:
                 self._decide_restart(name, label, 1, what)
             case Done(_, code, _) if code == PREEMPTED_EXIT_CODE:
                 self._after_preemption()
+            case Done(_, code, _) if code and self._elastic():
+                self._hold_failure(f"SCRIPT on {self.identity.agent_nodes[agent]} ended with exit code {code}", int(code))
             case Done(_, code, _) if code:
                 self._stop(int(code))
             case Done():
@@ -690,6 +707,26 @@ class Agent:
         return f"from the checkpoint at epoch {epoch}, step {step}"
 
     # -- a node comes back (docs/faults.md, Node loss) ---------------------------------------
+
+    def _elastic(self) -> bool:
+        return self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
+
+    def _script_failed(self, reason: str, code: int) -> None:
+        """SCRIPT failed here. With --min-nodes a node lost meanwhile may be why: agent 0 waits to see."""
+        if not self._elastic():
+            self.fail(reason, code)
+        elif self.identity.leader:
+            self._hold_failure(reason, code)
+        else:  # report and wait for the order: cut off from agent 0, this agent rejoins instead
+            self.log.error(f"{reason}; the first node's agent decides (--min-nodes).")
+            self.channel.to_leader(Failed(reason, code))
+
+    def _hold_failure(self, reason: str, code: int) -> None:
+        """Agent 0: stop the job for ``reason`` unless a node loss re-forms it within the grace."""
+        grace = self.spec.options.heartbeat_timeout + FAILURE_GRACE
+        self.log.warning(f"{reason}; the job stops in {grace:.0f} s unless a node is found lost by then "
+                         "(--min-nodes: a lost peer fails the others' collectives).")
+        self.timers.after(grace, FailureDue(reason, code, self.generation.number))
 
     def _may_rejoin(self) -> bool:
         """A follower cut off from agent 0: try to rejoin (--min-nodes), rather than stop."""

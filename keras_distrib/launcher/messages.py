@@ -263,6 +263,15 @@ class JoinDue:
 
 
 @dataclass(frozen=True)
+class FailureDue:
+    """Agent 0, --min-nodes: SCRIPT failed ``grace`` seconds ago in ``generation``; no node loss explained it."""
+
+    reason: str
+    code: int
+    generation: int
+
+
+@dataclass(frozen=True)
 class SignalReceived:
     """SIGINT, SIGTERM, SIGUSR1 or SIGUSR2 reached this agent."""
 
@@ -300,5 +309,5 @@ class OrphanStopDeadline:
     """An agent without SCRIPT got no stop order within ORPHAN_STOP_WAIT seconds of a signal."""
 
 
-Event = (ChildExited | FromPeer | PeerGone | PeerSilent | PeerJoined | Rejoined | RejoinFailed | JoinDue
+Event = (ChildExited | FromPeer | PeerGone | PeerSilent | PeerJoined | Rejoined | RejoinFailed | JoinDue | FailureDue
          | SignalReceived | StartupChecked | ScriptStopDeadline | OrphanStopDeadline | Hung)

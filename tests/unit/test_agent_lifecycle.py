@@ -685,6 +685,8 @@ def test_without_min_nodes_a_cut_off_follower_stops() -> None:
 
 
 def test_the_end_writes_the_exit_code_and_ends_the_step_while_a_silent_node_may_run(tmp_path: Any) -> None:
+    from keras_distrib.launcher.messages import FailureDue
+
     h = harness(min_nodes=2, exit_code_file=str(tmp_path / "sub" / "exit-code"))
     ended: list[str] = []
     h.agent.end_step = lambda scheduler, environ, say: ended.append(scheduler)
@@ -692,5 +694,36 @@ def test_the_end_writes_the_exit_code_and_ends_the_step_while_a_silent_node_may_
     h.agent.state = State.FORMING  # as before run()
     h.agent.post(PeerSilent(2, 31))
     h.agent.post(FromPeer(1, Failed("worker:1 on n2 exited with 3", 3)))
+    h.agent.post(FailureDue("worker:1 on n2 exited with 3", 3, 1))  # no loss within the grace
     assert h.agent.run().code == 3
     assert (tmp_path / "sub" / "exit-code").read_text() == "3\n" and ended == ["slurm"]
+
+
+@pytest.mark.parametrize("layout", ["allreduce", "jax"])
+def test_with_min_nodes_a_failed_script_waits_for_the_loss_that_explains_it(layout: str, lines: list[str]) -> None:
+    """A cut node fails its peers' collectives before its silence is noticed: that is a node loss, not a job failure."""
+    from keras_distrib.launcher.messages import FailureDue
+
+    follower = harness(layout, agent_id=1, min_nodes=2)
+    follower.exit("worker:1", 1)
+    assert follower.state is State.RUNNING  # reported, and waits for the order
+    assert follower.channel.to_leader_sent == [Failed("worker:1 on n2 exited unexpectedly with exit code 1", 1)]
+    h = harness(layout, min_nodes=2, heartbeat_timeout=10)
+    h.exit("worker:0", 1)
+    h.agent.handle(FromPeer(1, follower.channel.to_leader_sent[0]))
+    assert h.state is State.RUNNING and [s for s, _ in h.timers.pending] == [15.0, 15.0]
+    h.agent.handle(PeerSilent(2, 10.5))  # n3's silence: the job re-forms, and the failures are explained
+    assert h.agent.plan.nodes == ("n1", "n2") and h.state is State.RUNNING
+    for _, due in h.timers.pending:
+        h.agent.handle(due)
+    assert h.state is State.RUNNING and h.agent.result is None
+    h.agent.handle(FromPeer(1, Failed("worker:1 on n2 exited unexpectedly with exit code 1", 1)))  # a real one
+    h.agent.handle(FailureDue("worker:1 on n2 exited unexpectedly with exit code 1", 1, 1))
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 1
+    assert lines[-1] == "worker:1 on n2 exited unexpectedly with exit code 1; no node was lost meanwhile; stopping the job."
+
+
+def test_without_min_nodes_a_failed_script_stops_the_job_at_once() -> None:
+    h = harness("allreduce")
+    h.exit("worker:0", 1)
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 1
