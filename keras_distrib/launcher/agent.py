@@ -468,11 +468,10 @@ class Agent:
             culprit, what = blamed
             self._on_hung(culprit, what + f" ({child.label} exited with {describe_exit(code)} because of it)")
             return
-        reason = f"{child.label} exited unexpectedly with {describe_exit(code)}"
-        if child.runs_script:
-            self._script_failed(reason, shell_exit_code(code) or 1)
-        else:
-            self.fail(reason, shell_exit_code(code) or 1)
+        if child.runs_script and self._elastic():
+            self._script_failed(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
+            return
+        self.fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
 
     def _warn_if_unported(self, child: Child) -> None:
         """Agent 0: SCRIPT ended well without ever calling keras_distrib: name the idle processes."""
@@ -712,10 +711,8 @@ class Agent:
         return self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
 
     def _script_failed(self, reason: str, code: int) -> None:
-        """SCRIPT failed here. With --min-nodes a node lost meanwhile may be why: agent 0 waits to see."""
-        if not self._elastic():
-            self.fail(reason, code)
-        elif self.identity.leader:
+        """SCRIPT failed here (--min-nodes): a node lost meanwhile may be why, so agent 0 waits to see."""
+        if self.identity.leader:
             self._hold_failure(reason, code)
         else:  # report and wait for the order: cut off from agent 0, this agent rejoins instead
             self.log.error(f"{reason}; the first node's agent decides (--min-nodes).")

@@ -18,9 +18,11 @@ from launcher_utils import run_in_session
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
 # report.py formats the others' results rather than measuring, and accuracy_parity.py is a
-# job SCRIPT (run under the launcher): each is tested on its own below.
+# job SCRIPT (run under the launcher): each is tested on its own below. elastic.py needs the
+# real Slurm test cluster, which tests/slurm holds for the session: tests/slurm/test_elastic_slurm.py
+# runs its jobs, and test_elastic_bench_reads_the_membership_phases below its parsing.
 PROGRAMS = sorted(p.stem for p in BENCH.glob("*.py")
-                  if not p.name.startswith("_") and p.stem not in ("report", "accuracy_parity"))
+                  if not p.name.startswith("_") and p.stem not in ("report", "accuracy_parity", "elastic"))
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 # Smoke runs that train another model than the default mlp (which the other training
 # benchmarks' smoke runs train), run from the repository root. ps_throughput: a model given
@@ -108,3 +110,18 @@ def test_accuracy_parity_embedding_allreduce_three_workers(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line.split("] ", 1)[1]) for line in proc.stdout.splitlines() if '] {"model"' in line]
     assert [(r["model"], r["workers"]) for r in rows] == [("embedding", 3)], proc.stdout[-3000:]
+
+
+def test_elastic_bench_reads_the_membership_phases() -> None:
+    sys.path.insert(0, str(BENCH))
+    from elastic import phases_of
+
+    epoch = "[n1 chief:0] keras_distrib: epoch {}/20: 0.9 s, {} steps/s (worker 0: 1, worker 1: 1 steps/s)"
+    text = "\n".join([
+        epoch.format(1, 10), epoch.format(2, 200), epoch.format(3, 220),
+        "[n1 agent] keras_distrib: warning: lost n3; continuing on 2 nodes (n1, n2) from the checkpoint at epoch 3, step 600",
+        epoch.format(3, 50), epoch.format(4, 150),
+        "[n1 agent] keras_distrib: warning: n3 rejoined; continuing on 3 nodes (n1, n2, n3) from the checkpoint at epoch 4",
+        epoch.format(5, 40), epoch.format(6, 230), epoch.format(7, 210),
+    ])
+    assert phases_of(text) == {"3 nodes": [200.0, 220.0], "2 nodes": [150.0], "rejoined": [230.0, 210.0]}

@@ -120,3 +120,60 @@ def test_with_min_nodes_a_silent_node_is_dropped_and_the_others_re_form(tmp_path
     finally:
         for a in agents:
             a.channel.close()
+
+
+def test_a_dropped_agent_reconnects_and_rejoins_at_the_next_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25 §2 over the real channel: n3 goes silent and is dropped; its agent notices, stops
+    its processes and connects again; agent 0 takes it back once a newer checkpoint exists."""
+    from test_agent_lifecycle import FakeProcesses
+
+    from keras_distrib import contract, progress
+    from keras_distrib.launcher.messages import JoinDue, PeerGone, PeerJoined, Rejoined
+
+    monkeypatch.chdir(tmp_path)
+    job = JobInfo("slurm", "97", ("localhost", "n2", "n3"), (1, 1, 1))
+    options = Options(startup_timeout=120.0, heartbeat_timeout=1.5, min_nodes=2)
+    agents = formed_agents(job, free_port_block(), options, FakeProcesses)
+    first, _, third = agents
+    first.processes.plan_file = tmp_path / "plan.json"  # type: ignore[attr-defined]
+
+    def checkpoint(step: int, epoch: int) -> None:
+        monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(tmp_path / f"{contract.PROGRESS_FILE_PREFIX}worker-0"))
+        progress.reset()
+        try:
+            progress.checkpointed(step, epoch)
+        finally:
+            progress.reset()
+
+    try:
+        for a in agents:
+            a.begin(a.channel, a.plan)
+        checkpoint(100, 1)
+        third.channel.client._closed.set()  # n3 goes silent (its heartbeat thread stops)
+        first.handle(first.events.get(timeout=15))
+        assert first.plan.nodes == ("localhost", "n2")
+        gone = third.events.get(timeout=15)  # agent 0 dropped the silent connection
+        assert gone == PeerGone(0)
+        third.handle(gone)
+        assert third.state is State.FORMING and third.processes.reformed == [[]]  # type: ignore[attr-defined]
+        back = third.events.get(timeout=15)
+        assert isinstance(back, Rejoined)
+        third.handle(back)
+        joined = first.events.get(timeout=15)
+        assert isinstance(joined, PeerJoined) and joined.agent == 2
+        first.handle(joined)
+        first.handle(JoinDue())  # no newer checkpoint yet
+        assert first.plan.nodes == ("localhost", "n2")
+        checkpoint(200, 2)
+        first.handle(JoinDue())
+        assert first.plan.nodes == job.nodes and first.generation.number == 2
+        order = third.events.get(timeout=5)
+        assert order == FromPeer(0, Start(generation=2, nodes=job.nodes))
+        third.handle(order)
+        assert third.state is State.RUNNING and third.processes.reformed[-1] == ["worker:2"]  # type: ignore[attr-defined]
+        err = capsys.readouterr().err
+        assert "n3 rejoined; continuing on 3 nodes (localhost, n2, n3) from the checkpoint at epoch 2, step 200" in err
+    finally:
+        for a in agents:
+            a.channel.close()
