@@ -758,7 +758,7 @@ class Agent:
         self.channel.close()
         self.channel = channel
         if self.state is State.FORMING:
-            self.log.info("reached the first node's agent again; this node joins at the job's next checkpoint.")
+            self.log.info("connected to the first node's agent again; it takes this node back at the job's next checkpoint.")
 
     def _on_joined(self, agent: int, hello: dict[str, Any]) -> None:
         """Agent 0: a dropped agent connected again: it joins at the next checkpoint, up to --max-nodes."""
