@@ -1,0 +1,220 @@
+"""Elastic membership, the agent's policy for it (docs/faults.md, Node loss; issue 25).
+
+``Membership`` is a part of ``agent.Agent`` (a mixin over the agent's state): a node lost
+with --min-nodes (the job re-forms on the survivors), a dropped agent that reconnects (it
+joins at the next checkpoint, up to --max-nodes), and a SCRIPT failure held until a node
+loss explains it. Every decision goes through the agent's state machine and mechanism.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+from .. import progress
+from ..contract import PREEMPTED_EXIT_CODE, progress_file
+from ..plan import survivors_plan
+from . import control
+from .formation import Channel, plan_digest, rejoin_job
+from .messages import FailureDue, Failed, JoinDue, RejoinFailed, Rejoined, Start
+from .states import Generation, State
+
+# How long an agent cut off from agent 0 (--min-nodes) keeps trying to reach it again.
+REJOIN_WAIT = 600.0
+# How often agent 0 looks for the checkpoint at which a node that came back joins.
+JOIN_POLL = 1.0
+# With --min-nodes, a SCRIPT that fails waits this long past the heartbeat timeout for the
+# node loss that may have caused it (a collective or a ps on a cut node) before the job stops.
+FAILURE_GRACE = 5.0
+
+
+class Membership:
+    """The node-loss and node-return decisions of ``agent.Agent``, which this class is mixed into.
+
+    It reads and changes the agent's state (``generation``, ``state``, ``joining``,
+    ``silent_nodes``, ...) and acts through its mechanism (``processes``, ``channel``,
+    ``timers``); ``Agent.__init__`` sets them all.
+    """
+
+    def _on_node_lost(self, node: str, silent_for: float) -> None:
+        """Agent 0: a node went silent. Go on without it (--min-nodes), or stop; with --requeue, requeue."""
+        if node not in self.plan.nodes:  # dropped already (or came back and left again before joining)
+            self.joining = {a: n for a, n in self.joining.items() if n != node}
+            return
+        if (left := self._may_continue(node)) is not None:
+            self.silent_nodes.add(node)
+            self._reform(node, left, f"its agent sent no heartbeat for {silent_for:.0f} s")
+            return
+        reason = f"lost the node {node}: its agent sent no heartbeat for {silent_for:.0f} s (node down or network cut)"
+        if not self.spec.options.requeue:
+            self.fail(reason, 1)
+            self.result = replace(self.result, lost_node=node)  # run() ends the step once all is stopped
+            return
+        self.log.error(f"{reason}; stopping the job and requeueing it, to resume from the last checkpoint.")
+        code = self.requeue(self.plan.scheduler, self.environ, True, self.log.info)
+        self._stop(1 if code == PREEMPTED_EXIT_CODE else code, reason)
+
+    # -- node loss: continue on the survivors (--min-nodes; docs/faults.md, Node loss) ----------
+
+    def _node_of(self, name: str) -> str | None:
+        """The node of the current plan's process ``name`` (``job:index``); None if it has none."""
+        job, _, index = name.partition(":")
+        try:
+            return self.plan.find(job, int(index)).node
+        except (KeyError, ValueError):
+            return None
+
+    def _may_continue(self, lost: str) -> tuple[str, ...] | None:
+        """Agent 0: the nodes the job goes on on without ``lost``; None: stop or requeue as before."""
+        minimum = self.spec.options.min_nodes
+        left = tuple(n for n in self.plan.nodes if n != lost)
+        ok = (minimum is not None and self.identity.leader and not self.interrupted and not self.spec.runs_check
+              # agent 0 and the chief live on the first node: it is never dropped
+              and lost != self.plan.nodes[0] and lost in self.plan.nodes
+              and self.state in (State.RUNNING, State.WAITING) and len(left) >= minimum)
+        return left if ok else None
+
+    def _reform(self, lost: str, left: tuple[str, ...], why: str) -> None:
+        """Agent 0: say so in one line, order every agent onto the next generation, and go there."""
+        self.log.warning(f"lost {lost}; continuing on {len(left)} nodes ({', '.join(left)}) "
+                         f"{self._resume_point()} ({why})")
+        number = self.generation.number + 1
+        self.channel.to_all(Start(generation=number, nodes=left))  # a dropped agent still connected stops on it
+        self._reform_here(number, left)
+
+    def _last_checkpoint(self) -> tuple[int, int] | None:
+        """(step, epoch) of the writer's last checkpoint, as its progress file tells (progress.py); None: none."""
+        plan_file = getattr(self.processes, "plan_file", None)  # None: the lifecycle tests' fakes
+        writer = next((p for p in self.plan.script_runners if p.index == 0), None)
+        if plan_file is None or writer is None:
+            return None
+        return progress.last_checkpoint(progress_file(plan_file, writer))
+
+    def _resume_point(self) -> str:
+        """Where SCRIPT resumes, for the membership lines."""
+        if self.plan.is_jax:  # SCRIPT checkpoints itself (keras_distrib.fit is not used): no note
+            return "from its last checkpoint"
+        last = self._last_checkpoint()
+        if last is None:
+            return "from the start"
+        step, epoch = last
+        return f"from the checkpoint at epoch {epoch}, step {step}"
+
+    # -- a node comes back (docs/faults.md, Node loss) ---------------------------------------
+
+    def _elastic(self) -> bool:
+        return self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
+
+    def _script_failed(self, reason: str, code: int) -> None:
+        """SCRIPT failed here (--min-nodes): a node lost meanwhile may be why, so agent 0 waits to see."""
+        if self.identity.leader:
+            self._hold_failure(reason, code)
+        else:  # report and wait for the order: cut off from agent 0, this agent rejoins instead
+            self.log.error(f"{reason}; the first node's agent decides (--min-nodes).")
+            self.channel.to_leader(Failed(reason, code))
+
+    def _hold_failure(self, reason: str, code: int) -> None:
+        """Agent 0: stop the job for ``reason`` unless a node loss re-forms it within the grace."""
+        grace = self.spec.options.heartbeat_timeout + FAILURE_GRACE
+        self.log.warning(f"{reason}; the job stops in {grace:.0f} s unless a node is found lost by then "
+                         "(--min-nodes: a lost peer fails the others' collectives).")
+        self.timers.after(grace, FailureDue(reason, code, self.generation.number))
+
+    def _may_rejoin(self) -> bool:
+        """A follower cut off from agent 0: try to rejoin (--min-nodes), rather than stop."""
+        return (self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
+                and self.state in (State.RUNNING, State.WAITING, State.FORMING))
+
+    def _rejoin(self, why: str) -> None:
+        """RUNNING/WAITING -> FORMING: stop this node's processes (the job goes on without them), reconnect."""
+        again = self.state is State.FORMING  # a reconnection refused (agent 0 still held the old one)
+        if again:
+            self.log.debug(f"{why}; reconnecting")
+        else:
+            self.log.warning(f"{why}; stopped this node's processes (the job goes on without them) and trying "
+                             f"for {REJOIN_WAIT:.0f} s to reach it again, to rejoin at the job's next checkpoint.")
+        self.processes.reform(self.plan, [])
+        self._enter(State.FORMING)
+        self._reconnect_in_background(delay=1.0 if again else 0.0)
+
+    def _reconnect_in_background(self, delay: float) -> None:
+        def reconnect() -> None:
+            threading.Event().wait(delay)
+            try:
+                channel = rejoin_job(self.identity, self.spec.plan, self.spec.options, self.post, REJOIN_WAIT)
+            except (control.ControlError, OSError) as exc:
+                self.post(RejoinFailed(str(exc)))
+                return
+            self.post(Rejoined(channel))
+
+        threading.Thread(target=reconnect, name="rejoin", daemon=True).start()
+
+    def _on_rejoined(self, channel: Channel) -> None:
+        self.channel.close()
+        self.channel = channel
+        if self.state is State.FORMING:
+            self.log.info("connected to the first node's agent again; it takes this node back at the job's next checkpoint.")
+
+    def _on_joined(self, agent: int, hello: dict[str, Any]) -> None:
+        """Agent 0: a dropped agent connected again: it joins at the next checkpoint, up to --max-nodes."""
+        node = self.identity.agent_nodes.get(agent)
+        if node is None or node in self.plan.nodes or not self.identity.leader:
+            return
+        if self.spec.options.min_nodes is None or self.state is not State.RUNNING or self.interrupted:
+            self.log.info(f"the agent on {node} connected again; the job is {self.state.value}, so it stays out.")
+            return
+        if hello.get("plan") != plan_digest(self.spec.plan):
+            self.log.warning(f"the agent on {node} connected again with another plan (other options?); it stays out.")
+            return
+        limit = self.spec.options.max_nodes or len(self.formed_plan.nodes)
+        if len(self.plan.nodes) + len(self.joining) >= limit:
+            self.log.info(f"{node} is back, but the job runs on its {limit} nodes (--max-nodes); it stays out.")
+            return
+        if not self.joining:
+            self.join_mark = self._last_checkpoint()
+        self.joining[agent] = node
+        when = "now (SCRIPT checkpoints itself)" if self.plan.is_jax else "at the job's next checkpoint"
+        self.log.info(f"{node} is back (its agent connected again); it joins {when}.")
+        self._arm_join(0.0 if self.plan.is_jax else JOIN_POLL)
+
+    def _arm_join(self, seconds: float = JOIN_POLL) -> None:
+        if not self.join_armed:
+            self.join_armed = True
+            self.timers.after(seconds, JoinDue())
+
+    def _on_join_due(self) -> None:
+        """Agent 0: once the writer checkpointed after the nodes came back, re-form with them."""
+        self.join_armed = False
+        if not self.joining or self.state is not State.RUNNING or self.interrupted:
+            return
+        mark = self._last_checkpoint()
+        if not self.plan.is_jax and (mark is None or mark == self.join_mark):
+            self._arm_join()
+            return
+        back = [n for n in self.formed_plan.nodes if n in self.joining.values()]
+        nodes = tuple(n for n in self.formed_plan.nodes if n in self.plan.nodes or n in back)
+        self.log.warning(f"{', '.join(back)} rejoined; continuing on {len(nodes)} nodes ({', '.join(nodes)}) "
+                         f"{self._resume_point()}")
+        self.joining.clear()
+        self.silent_nodes -= set(back)
+        number = self.generation.number + 1
+        self.channel.to_all(Start(generation=number, nodes=nodes))
+        self._reform_here(number, nodes)
+
+    def _reform_here(self, number: int, nodes: tuple[str, ...]) -> None:
+        """Every agent: RUNNING/WAITING -> FORMING -> RUNNING on generation ``number``, the plan on ``nodes``."""
+        rejoining = self.state is State.FORMING  # a dropped agent back, not (yet) among ``nodes``
+        self._enter(State.FORMING)
+        self.generation = Generation(number, survivors_plan(self.formed_plan, self.spec.job, nodes))
+        self.restarts_seen += 1  # a Stuck report from before is stale
+        self.done_agents.clear()  # the new generation's SCRIPTs have not ended
+        if self.identity.node not in nodes:
+            if rejoining:  # another node's loss or return: keep waiting for this one's turn
+                return
+            # dropped while still connected (its processes failed): stop
+            self.log.info(f"this node left the job, which goes on on {', '.join(nodes)}; stopping here.")
+            self._stop(0)
+            return
+        self.processes.reform(self.plan, [self.launch_of(p) for p in self.my_processes()])
+        self._enter(State.RUNNING)

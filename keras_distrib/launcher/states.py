@@ -1,0 +1,47 @@
+"""The agent's states, its result and the numbered plan it runs (shared by agent.py and membership.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from ..plan import Plan
+
+
+class State(Enum):
+    """Where an agent is in the job's life."""
+
+    FORMING = "forming"  # connecting to the other agents, agreeing on the plan
+    RUNNING = "running"  # this node's processes run
+    WAITING = "waiting"  # this node's SCRIPTs ended well; the other agents' have not (allreduce, jax)
+    DRAINING = "draining"  # a SIGINT/SIGTERM was forwarded: waiting for SCRIPT to save and end
+    STOPPED = "stopped"  # the exit code is decided; the processes are being stopped
+
+
+#: The transitions ``_enter`` allows (a restart takes a waiting agent back to running; an
+#: elastic re-forming takes a running or waiting one through FORMING to the next generation).
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.FORMING: frozenset({State.RUNNING, State.STOPPED}),
+    State.RUNNING: frozenset({State.WAITING, State.DRAINING, State.FORMING, State.STOPPED}),
+    State.WAITING: frozenset({State.RUNNING, State.DRAINING, State.FORMING, State.STOPPED}),
+    State.DRAINING: frozenset({State.STOPPED}),
+    State.STOPPED: frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How the agent ended: its exit code, the line that said why (None: SCRIPT's own end)."""
+
+    code: int
+    reason: str | None = None
+    restarts: int = 0
+    lost_node: str | None = None  # the node that was lost, when that ended the job
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The plan the agents run, numbered: an elastic re-forming replaces it as a whole."""
+
+    number: int
+    plan: Plan
