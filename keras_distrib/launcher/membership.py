@@ -111,7 +111,8 @@ class Membership:
         if self.identity.leader:
             self._hold_failure(reason, code)
         else:  # report and wait for the order: cut off from agent 0, this agent rejoins instead
-            self.log.error(f"{reason}; the first node's agent decides (--min-nodes).")
+            # A warning: agent 0 decides whether it is the job's error (a lost peer's doing is not).
+            self.log.warning(f"{reason}; the first node's agent decides (--min-nodes).")
             self.channel.to_leader(Failed(reason, code))
 
     def _hold_failure(self, reason: str, code: int) -> None:
