@@ -400,14 +400,9 @@ class ControlClient:
                 if not isinstance(greeting, dict) or not isinstance(greeting.get(Nonce.KEY), str):
                     raise ControlError(f"{host}:{port} is not a keras_distrib agent (another program holds the port?)")
                 break
-            except ConnectionRefusedError:
-                if refused_ends:
-                    raise ControlError(f"nothing listens at {host}:{port} any more (the job ended there)") from None
-                if time.monotonic() > deadline:
-                    raise ControlError(f"cannot reach the first node's agent at {host}:{port} within {timeout:.0f} s "
-                                       "(connection refused)") from None
-                time.sleep(0.2)
             except (OSError, ValueError) as exc:  # agent 0 may not listen yet: retry until the deadline
+                if refused_ends and isinstance(exc, ConnectionRefusedError):
+                    raise ControlError(f"nothing listens at {host}:{port} any more (the job ended there)") from None
                 if time.monotonic() > deadline:
                     raise ControlError(
                         f"cannot reach the first node's agent at {host}:{port} within {timeout:.0f} s ({exc})"

@@ -126,9 +126,8 @@ def test_a_dropped_agent_reconnects_and_rejoins_at_the_next_checkpoint(tmp_path:
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 25 §2 over the real channel: n3 goes silent and is dropped; its agent notices, stops
     its processes and connects again; agent 0 takes it back once a newer checkpoint exists."""
-    from test_agent_lifecycle import FakeProcesses
+    from test_agent_lifecycle import FakeProcesses, checkpoint_at
 
-    from keras_distrib import contract, progress
     from keras_distrib.launcher.messages import JoinDue, PeerGone, PeerJoined, Rejoined
 
     monkeypatch.chdir(tmp_path)
@@ -136,15 +135,9 @@ def test_a_dropped_agent_reconnects_and_rejoins_at_the_next_checkpoint(tmp_path:
     options = Options(startup_timeout=120.0, heartbeat_timeout=1.5, min_nodes=2)
     agents = formed_agents(job, free_port_block(), options, FakeProcesses)
     first, _, third = agents
-    first.processes.plan_file = tmp_path / "plan.json"  # type: ignore[attr-defined]
 
     def checkpoint(step: int, epoch: int) -> None:
-        monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(tmp_path / f"{contract.PROGRESS_FILE_PREFIX}worker-0"))
-        progress.reset()
-        try:
-            progress.checkpointed(step, epoch)
-        finally:
-            progress.reset()
+        checkpoint_at(first.processes, tmp_path, monkeypatch, step, epoch, "worker-0")
 
     try:
         for a in agents:

@@ -536,16 +536,8 @@ def test_no_reforming_while_draining_on_a_signal() -> None:
 @pytest.mark.parametrize(("layout", "writer"), [("ps-per-node", "chief-0"), ("allreduce", "worker-0")])
 def test_the_line_names_the_writers_last_checkpoint(layout: str, writer: str, tmp_path: Any,
                                                    monkeypatch: pytest.MonkeyPatch, lines: list[str]) -> None:
-    from keras_distrib import contract, progress
-
     h = harness(layout, min_nodes=2)
-    h.processes.plan_file = tmp_path / "plan.json"  # type: ignore[attr-defined]
-    monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(tmp_path / f"{contract.PROGRESS_FILE_PREFIX}{writer}"))
-    progress.reset()
-    try:
-        progress.checkpointed(812, 4)  # as the writer's Checkpointer.save does
-    finally:
-        progress.reset()
+    checkpoint_at(h.processes, tmp_path, monkeypatch, 812, 4, writer)
     h.agent.handle(PeerSilent(2, 31.2))
     assert lines[-1] == ("lost n3; continuing on 2 nodes (n1, n2) from the checkpoint at epoch 4, step 812 "
                          "(its agent sent no heartbeat for 31 s)")
@@ -570,12 +562,12 @@ def test_a_hang_without_restarts_drops_the_node(lines: list[str]) -> None:
 # -- a node comes back (issue 25 §2) --------------------------------------------------------
 
 
-def checkpoint_at(h: Harness, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, step: int, epoch: int,
+def checkpoint_at(processes: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, step: int, epoch: int,
                   writer: str = "chief-0") -> None:
-    """The writer notes a checkpoint in its progress file, as its Checkpointer.save does."""
+    """The writer notes a checkpoint in its progress file, as its Checkpointer.save does (``processes``: the fakes)."""
     from keras_distrib import contract, progress
 
-    h.processes.plan_file = tmp_path / "plan.json"  # type: ignore[attr-defined]
+    processes.plan_file = tmp_path / "plan.json"
     monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(tmp_path / f"{contract.PROGRESS_FILE_PREFIX}{writer}"))
     progress.reset()
     try:
@@ -595,7 +587,7 @@ def test_a_node_back_joins_at_the_next_checkpoint(tmp_path: Any, monkeypatch: py
     from keras_distrib.launcher.messages import JoinDue, PeerJoined
 
     h = harness(min_nodes=2)
-    checkpoint_at(h, tmp_path, monkeypatch, 400, 2)
+    checkpoint_at(h.processes, tmp_path, monkeypatch, 400, 2)
     h.agent.handle(PeerSilent(2, 31))
     assert h.agent.plan.nodes == ("n1", "n2") and h.agent.silent_nodes == {"n3"}
     h.agent.handle(PeerJoined(2, hello_of(h, 2)))
@@ -603,7 +595,7 @@ def test_a_node_back_joins_at_the_next_checkpoint(tmp_path: Any, monkeypatch: py
     assert [type(e) for _, e in h.timers.pending] == [JoinDue]
     h.agent.handle(JoinDue())  # no checkpoint since it came back: wait
     assert h.agent.plan.nodes == ("n1", "n2") and len(h.timers.pending) == 2
-    checkpoint_at(h, tmp_path, monkeypatch, 600, 3)
+    checkpoint_at(h.processes, tmp_path, monkeypatch, 600, 3)
     h.agent.handle(JoinDue())
     assert h.agent.plan.nodes == NODES and h.agent.generation.number == 2 and h.state is State.RUNNING
     assert h.channel.to_all_sent[-1] == Start(generation=2, nodes=NODES)
@@ -622,7 +614,7 @@ def test_a_node_that_leaves_again_before_the_checkpoint_does_not_join(tmp_path: 
     h.agent.handle(PeerSilent(2, 31))
     h.agent.handle(PeerJoined(2, hello_of(h, 2)))
     h.agent.handle(PeerGone(2))
-    checkpoint_at(h, tmp_path, monkeypatch, 600, 3)
+    checkpoint_at(h.processes, tmp_path, monkeypatch, 600, 3)
     h.agent.handle(JoinDue())
     assert h.agent.plan.nodes == ("n1", "n2") and h.agent.generation.number == 1
 
