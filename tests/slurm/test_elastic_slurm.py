@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -145,6 +146,108 @@ def test_a_cut_node_is_dropped_and_rejoins_when_its_link_is_back(slurm_cluster: 
     print(done)
     assert done["step"] == (JAX_EPOCHS * JAX_STEPS if jax else EPOCHS * STEPS), done
     # Undisturbed, this model reaches 0.98-0.99 on its data (the figure in docs/faults.md).
+    assert done["accuracy"] >= 0.97, done
+    assert error_lines(text) == []
+    assert_nothing_left(slurm_cluster, job, wait=60)
+
+
+def submit(cluster: SlurmTestCluster, work: Path, out: Path, ck: Path, epochs: int, layout: str = "ps-per-node") -> int:
+    argv = ["sbatch", "--parsable", "-N3", "--cpus-per-task=2", "-o", str(out), "--open-mode=append", str(ELASTIC),
+            "--heartbeat-timeout", "10", "--checkpoint-every", "2s", "fit.py", str(ck), str(epochs), str(STEPS)]
+    return int(cluster.head(argv, env={"LAYOUT": layout}, cwd=work, check=True, timeout=60).stdout.split(";")[0])
+
+
+def wait_for_checkpoint(ck: Path, out: Path, newer_than: float = 0.0) -> None:
+    """Until a checkpoint written after ``newer_than`` (a time.time()) exists."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if any(p.stat().st_mtime > newer_than for p in ck.glob("ckpt-*")):
+            return
+        time.sleep(0.5)
+    raise AssertionError(out.read_text(errors="replace")[-4000:])
+
+
+@pytest.mark.skipif(os.environ.get("KERAS_DISTRIB_ELASTIC_GRID") != "all",
+                    reason="about 2 min: run with KERAS_DISTRIB_ELASTIC_GRID=all (the figures in docs/faults.md)")
+def test_a_second_node_lost_below_the_minimum_requeues_and_resumes(slurm_cluster: SlurmTestCluster,
+                                                                    work: Path) -> None:
+    """MIN_NODES 2 of 3: n3 lost, the job goes on on n1 and n2; n2 lost too, 1 node is below
+    the minimum, so the job requeues itself (the template's --requeue), runs again on the
+    three nodes once their links are back, and resumes from its last checkpoint to the end."""
+    from test_resilience_slurm import wait_through_requeue
+
+    out, ck = work / "below-min.out", work / "below-min-ck"
+    job = submit(slurm_cluster, work, out, ck, epochs=10)  # long enough to lose n2 before the end
+    cut: set[str] = set()
+    try:
+        wait_for_checkpoint(ck, out)
+        slurm_cluster.set_link("n3", up=False)
+        cut.add("n3")
+        assert wait_for_text(out, "lost n3; continuing on 2 nodes (n1, n2)", 60), out.read_text(errors="replace")[-4000:]
+        wait_for_checkpoint(ck, out, newer_than=time.time())  # the second generation saved one
+        slurm_cluster.set_link("n2", up=False)
+        cut.add("n2")
+        assert wait_for_text(out, "lost the node n2", 60), out.read_text(errors="replace")[-4000:]
+        assert wait_for_text(out, "requeued job", 60), out.read_text(errors="replace")[-4000:]
+        for node in sorted(cut):
+            slurm_cluster.set_link(node, up=True)
+        cut.clear()
+        result = wait_through_requeue(slurm_cluster, job)
+    finally:
+        for node in cut:
+            slurm_cluster.set_link(node, up=True)
+        slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text = out.read_text(errors="replace")
+    for line in lines_with(text, "continuing on") + lines_with(text, "lost the node") + lines_with(text, "resuming from"):
+        print(line)
+    assert result == "COMPLETED" and result.exit_code == 0, text[-4000:]
+    assert len(lines_with(text, "lost n3; continuing on 2 nodes (n1, n2) from the checkpoint at epoch ")) == 1
+    assert len(lines_with(text, "lost the node n2: its agent sent no heartbeat for")) == 1, text[-4000:]
+    assert f"(scontrol requeue {job})" in text
+    done = final_row(text)
+    assert done["step"] == 10 * STEPS, done
+    assert done["accuracy"] >= 0.97, done
+    assert_nothing_left(slurm_cluster, job, wait=60)
+
+
+def test_a_kill_during_the_reforming_is_restarted_and_the_job_ends(slurm_cluster: SlurmTestCluster,
+                                                                   work: Path) -> None:
+    """n3 cut; as soon as the next generation's parameter server on n2 exists, it is killed
+    (SIGKILL) while the job re-forms: the restart budget takes it, and the job ends with
+    exit 0 and the exact step count."""
+    from test_launcher_slurm import pid_of
+
+    out, ck = work / "kill-reform.out", work / "kill-reform-ck"
+    job = submit(slurm_cluster, work, out, ck, epochs=EPOCHS)
+    cut = False
+    try:
+        wait_for_checkpoint(ck, out)
+        before = pid_of(slurm_cluster, "n2", "ps:1")
+        slurm_cluster.set_link("n3", up=False)
+        cut = True
+        assert wait_for_text(out, "lost n3; continuing on 2 nodes (n1, n2)", 60), out.read_text(errors="replace")[-4000:]
+        deadline = time.monotonic() + 60
+        while (pid := pid_of(slurm_cluster, "n2", "ps:1")) == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid != before, out.read_text(errors="replace")[-4000:]
+        os.kill(pid, signal.SIGKILL)
+        assert wait_for_text(out, "ending the step (scancel ", TIMEOUT), out.read_text(errors="replace")[-4000:]
+        time.sleep(3)
+        slurm_cluster.set_link("n3", up=True)
+        cut = False
+        result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
+    finally:
+        if cut:
+            slurm_cluster.set_link("n3", up=True)
+        slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text = out.read_text(errors="replace")
+    for line in lines_with(text, "continuing on") + lines_with(text, "exited with signal"):
+        print(line)
+    assert result == "COMPLETED" and result.exit_code == 0, text[-4000:]
+    assert len(lines_with(text, "ps:0 on n2 exited with signal 9 (SIGKILL); restarting it")
+               + lines_with(text, "ps:1 on n2 exited with signal 9 (SIGKILL); restarting it")) == 1, text[-4000:]
+    done = final_row(text)
+    assert done["step"] == EPOCHS * STEPS, done
     assert done["accuracy"] >= 0.97, done
     assert error_lines(text) == []
     assert_nothing_left(slurm_cluster, job, wait=60)
