@@ -2,9 +2,11 @@
 layout, exact epochs (no ``steps_per_epoch``), and what the dynamic hand-out costs when no
 worker is slow (issue 28).
 
-    python bench/straggler.py [--smoke] [--rounds 3] [--workers 2,3] [--inputs arrays,tfdata] [--dynamic-only]
+    python bench/straggler.py [--smoke] [--rounds 3] [--workers 2,3] [--inputs arrays,tfdata]
+                              [--layouts ps-per-node,worker-per-gpu] [--dynamic-only | --cost-only]
 
-Local mode, ps-per-node, one node per worker, an MLP on 12,001 synthetic rows (64 features,
+Local mode; ps-per-node with one node per worker, worker-per-gpu with one node of N emulated
+GPUs (one ps, N workers: the same trainer, another placement); an MLP on 12,001 synthetic rows (64 features,
 batch 32, K=10 steps per closure, 6 epochs). From the end of epoch 1 on, the last worker's
 server is stopped 50 ms out of every 100 ms (SIGSTOP/SIGCONT), so it runs at about half
 speed; the epoch time is the median over epochs 3-6 (`trainer.epoch_stats`).
@@ -91,14 +93,21 @@ def duty_cycle(pid: int, stop: threading.Event, off: float = 0.05, period: float
             pass
 
 
+def layout_args(layout: str, workers: int) -> list[str]:
+    """The local-mode options that give ``workers`` workers in ``layout``."""
+    if layout == "worker-per-gpu":
+        return ["--nodes", "1", "--layout", layout, "--gpus-per-node", ",".join(map(str, range(workers)))]
+    return ["--nodes", str(workers), "--layout", layout]
+
+
 def run(workdir: Path, workers: int, *, dynamic: bool, slowed: bool, epochs: int, rows: int,
-        inputs: str = "arrays") -> list[dict]:
+        inputs: str = "arrays", layout: str = "ps-per-node") -> list[dict]:
     """One job; its epoch_stats (seconds, steps, worker_steps_per_sec per epoch)."""
     script = workdir / "straggler_job.py"
     script.write_text(SCRIPT)
     marker = workdir / f"epoch1-{time.monotonic_ns()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "keras_distrib.local", "--nodes", str(workers), "--layout", "ps-per-node",
+        [sys.executable, "-m", "keras_distrib.local", *layout_args(layout, workers),
          "--port-base", str(free_port_base(3 * workers + 2)), "--startup-timeout", "600", str(script),
          str(marker), str(epochs), str(rows)],
         cwd=workdir, env=child_env(BENCH_DYNAMIC="1" if dynamic else "0", BENCH_INPUT=inputs), stdout=subprocess.PIPE,
@@ -147,46 +156,60 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--workers", default="2,3", help="worker counts to measure (default 2,3)")
     p.add_argument("--inputs", default="arrays,tfdata", help="input kinds to measure (default arrays,tfdata)")
-    p.add_argument("--dynamic-only", action="store_true",
-                   help="only the dynamic hand-out (no fixed-shard sides, no cost row): half the runs")
+    p.add_argument("--layouts", default="ps-per-node", help="layouts to measure (ps-per-node, worker-per-gpu)")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--dynamic-only", action="store_true",
+                      help="only the dynamic hand-out (no fixed-shard sides, no cost row): half the runs")
+    only.add_argument("--cost-only", action="store_true",
+                      help="only the cost row (no worker slowed, dynamic against fixed): half the runs")
     args = p.parse_args()
     fixed_too = not (args.smoke or args.dynamic_only)
     kinds = ["tfdata"] if args.smoke else args.inputs.split(",")
+    layouts = args.layouts.split(",")
     rounds = 1 if args.smoke else args.rounds
     counts = [2] if args.smoke else [int(n) for n in args.workers.split(",")]
     epochs, rows = (4, 3001) if args.smoke else (6, 12001)
     comparisons, shares = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for kind, n in [(kind, n) for kind in kinds for n in counts]:
+        for layout, kind, n in [(layout, kind, n) for layout in layouts for kind in kinds for n in counts]:
             ideal = n / (n - 0.5)
+            where = "" if layout == "ps-per-node" else f"{layout}, "
             sides = {dynamic: Comparison(
-                f"{kind}, {n} workers, one at half speed, {'dynamic hand-out' if dynamic else 'fixed shards'}: epoch s "
+                f"{where}{kind}, {n} workers, one at half speed, {'dynamic hand-out' if dynamic else 'fixed shards'}: epoch s "
                 f"(ideal x{ideal:.2f})", "slowed", "undisturbed", "s",
                 target=f"<= {1.1 * ideal:.2f}" if dynamic else "reported") for dynamic in (True, False)}
-            cost = Comparison(f"{kind}, {n} workers, none slow: dynamic hand-out vs fixed shards", "dynamic", "fixed",
-                              "steps/s", target=">= 0.97")
-            key = f"{n}" if kind == "arrays" else f"{kind}-{n}"
+            cost = Comparison(f"{where}{kind}, {n} workers, none slow: dynamic hand-out vs fixed shards", "dynamic",
+                              "fixed", "steps/s", target=">= 0.97")
+            key = ("" if layout == "ps-per-node" else f"{layout}-") + (f"{n}" if kind == "arrays" else f"{kind}-{n}")
             shares[key] = []
             for i in range(rounds):
                 for dynamic in ((True, False) if fixed_too else (True,)):
-                    slowed = run(work, n, dynamic=dynamic, slowed=True, epochs=epochs, rows=rows, inputs=kind)
-                    calm = run(work, n, dynamic=dynamic, slowed=False, epochs=epochs, rows=rows, inputs=kind)
+                    slowed = None if args.cost_only else run(work, n, dynamic=dynamic, slowed=True, epochs=epochs,
+                                                             rows=rows, inputs=kind, layout=layout)
+                    calm = run(work, n, dynamic=dynamic, slowed=False, epochs=epochs, rows=rows, inputs=kind,
+                               layout=layout)
+                    cost_side = cost.a if dynamic else cost.b
+                    cost_side.append(statistics.median(s["steps_per_sec"] for s in calm[2:]))
+                    if slowed is None:
+                        print(f"  {where}{kind}, {n} workers round {i + 1}/{rounds} dynamic={dynamic}: "
+                              f"{cost_side[-1]:.1f} steps/s", file=sys.stderr, flush=True)
+                        continue
                     sides[dynamic].a.append(epoch_seconds(slowed))
                     sides[dynamic].b.append(epoch_seconds(calm))
                     if dynamic:
                         shares[key].append(slow_share(slowed, n))
-                        cost.a.append(statistics.median(s["steps_per_sec"] for s in calm[2:]))
-                    else:
-                        cost.b.append(statistics.median(s["steps_per_sec"] for s in calm[2:]))
-                    print(f"  {kind}, {n} workers round {i + 1}/{rounds} dynamic={dynamic}: slowed "
+                    print(f"  {where}{kind}, {n} workers round {i + 1}/{rounds} dynamic={dynamic}: slowed "
                           f"{sides[dynamic].a[-1]:.2f} s, undisturbed {sides[dynamic].b[-1]:.2f} s",
                           file=sys.stderr, flush=True)
-            comparisons.append(sides[True])
+            if not args.cost_only:
+                comparisons.append(sides[True])
             if fixed_too:
-                comparisons += [sides[False], cost]
+                comparisons += ([] if args.cost_only else [sides[False]]) + [cost]
     print_table("Stragglers (parameter-server layout, exact epochs)", comparisons)
     for n, values in shares.items():
+        if not values:
+            continue
         workers = int(n.rsplit("-", 1)[-1])
         print(f"{n} workers: the slow worker ran {statistics.median(values):.2f} of the steps (even: {1 / workers:.2f})")
     save("straggler", comparisons, {"slow_worker_share": shares}, out=args.out)
