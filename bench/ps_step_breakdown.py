@@ -1,6 +1,7 @@
 """Where a parameter-server step goes: issue 15 §2's breakdown of the distribution cost.
 
     python bench/ps_step_breakdown.py [--smoke] [--rounds 3] [--models mlp,cnn] [--batch 64] [--k 10]
+                                      [--exact-epochs-only]
 
 Runs in the cluster of ps_throughput.py's row 4 (chief + 1 ps + 1 worker, ps-per-node,
 one node) and alternates, round by round inside one job, five sides training the same
@@ -32,7 +33,9 @@ Rows: each side's steps/s against one process, then the step time split into its
 increments (compute, variable read, gradient send + apply, trainer bookkeeping =
 closure scheduling and the exact-step/metrics/epoch work), in ms per step from the
 per-round medians, and the chief's CPU time per closure (time.process_time in the chief
-over the timed epoch; single_process's is the whole training's).
+over the timed epoch; single_process's is the whole training's). ``--exact-epochs-only``:
+only the four ``keras_distrib`` sides of issue 27's rows (with and without
+``steps_per_epoch``, arrays and tf.data), so more rounds fit in the same time.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from _harness import Comparison, print_table, save
 from _train_jobs import each_model, launch_result, model_runs, training_parser
 from ps_throughput import STEPS
 
+EXACT_EPOCH_SIDES = ["keras_distrib", "keras_distrib_exact_epochs", "keras_distrib_tf_data",
+                     "keras_distrib_exact_epochs_tf_data"]
 SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib",
          "keras_distrib_exact_epochs", "keras_distrib_tf_data", "keras_distrib_exact_epochs_tf_data", "keras_distrib_stale_reads", "keras_distrib_local_steps",
          "keras_distrib_local_steps_2k"]
@@ -77,20 +82,23 @@ def breakdown(rates: dict[str, list[float]], cpu: dict[str, list[float]], k: int
 
 
 def main() -> None:
-    args = training_parser(__doc__).parse_args()
+    p = training_parser(__doc__)
+    p.add_argument("--exact-epochs-only", action="store_true", help="only issue 27's four sides (exact epochs)")
+    args = p.parse_args()
     rounds, runs = model_runs(args, STEPS, 240)
     comparisons: list[Comparison] = []
     raw: dict[str, dict] = {}
     text: list[str] = []
     for name, run in each_model(args, rounds, runs, launcher=launch_result):
-        result = run("1ps1w", SIDES)
+        result = run("1ps1w", EXACT_EPOCH_SIDES if args.exact_epochs_only else SIDES)
         rates, cpu = result["sides"], result["chief_cpu_ms_per_closure"]
         raw[name] = {"steps_per_sec": rates, "chief_cpu_ms_per_closure": cpu}
-        comparisons += [
-            Comparison(f"13. step breakdown {name}: {side}", side, "one process", "steps/s",
-                       rates[side], rates["single_process"], target="(report)")
-            for side in SIDES[1:]
-        ]
+        if not args.exact_epochs_only:
+            comparisons += [
+                Comparison(f"13. step breakdown {name}: {side}", side, "one process", "steps/s",
+                           rates[side], rates["single_process"], target="(report)")
+                for side in SIDES[1:]
+            ]
         # Issue 27 §1: exact epochs against the same fit with steps_per_epoch, per input kind.
         comparisons += [
             Comparison(f"27. exact epochs {name}, {kind}: without vs with steps_per_epoch", "exact epochs",
@@ -98,7 +106,8 @@ def main() -> None:
             for kind, exact, base in (("arrays", "keras_distrib_exact_epochs", "keras_distrib"),
                                       ("tf.data", "keras_distrib_exact_epochs_tf_data", "keras_distrib_tf_data"))
         ]
-        text += [f"  {name} (median of {rounds} rounds):", *breakdown(rates, cpu, args.k)]
+        if not args.exact_epochs_only:
+            text += [f"  {name} (median of {rounds} rounds):", *breakdown(rates, cpu, args.k)]
     print_table(f"Parameter-server step breakdown (batch {args.batch}, K={args.k}, {rounds} rounds, "
                 "chief + 1 ps + 1 worker vs one process)", comparisons)
     print("\n".join(text))

@@ -126,6 +126,15 @@ class ClusterParser(ABC):
     def parse(self) -> JobInfo:
         """Describe the job; raise ClusterConfigError on malformed input."""
 
+    def join_info(self) -> JobInfo:
+        """The running job as its agents saw it (one per node), from a task started later on
+        one of its nodes to join it (``--join``); this task is that node's agent."""
+        raise ClusterConfigError(
+            f"--join (a new agent for a running job) is not supported under {self.name}.",
+            "on Slurm: srun --jobid=JOBID -N1 -w NODE --overlap python -m keras_distrib.slurm --join ...; "
+            "elsewhere, use --requeue (docs/faults.md).",
+        )
+
     # Helpers shared by parsers -------------------------------------------------
 
     def job_info(self, job_id: str, nodes: Sequence[str], slots: Sequence[int], tasks: Tasks,

@@ -21,6 +21,7 @@ class SlurmParser(ClusterParser):
     detect_vars = ("SLURM_JOB_ID", "SLURM_JOBID")
     srun_agents = "srun --ntasks-per-node=1 python -m keras_distrib.slurm ..."
     agent_launch_hint = f"start one agent per node: {srun_agents}"
+    join_command = "srun --jobid=$SLURM_JOB_ID -N1 -w NODE --overlap python -m keras_distrib.slurm --join ..."
 
     job_id_vars = ("SLURM_JOB_ID", "SLURM_JOBID")
     step_id_var = "SLURM_STEP_ID"
@@ -78,6 +79,23 @@ class SlurmParser(ClusterParser):
         tasks = self._tasks(nodes, slots, source, nodes_var, in_step)
         gpus = self._gpus()
         return self.job_info(job_id, nodes, slots, tasks, gpus)
+
+    def join_info(self) -> JobInfo:
+        """A step started later on one node of the job (``srun --jobid=J -N1 -w n3 --overlap``):
+        the job's node list, one agent per node as the elastic template starts them, this
+        task the agent of its node (SLURMD_NODENAME)."""
+        _, job_id = self.require(*self.job_id_vars, hint=f"start it inside the job: {self.join_command}")
+        nodes_var = self.job_vars[0]
+        _, nodelist = self.require(nodes_var, hint=f"start it inside the job: {self.join_command}")
+        nodes = expand_hosts(nodes_var, nodelist)
+        _, name = self.require(self.node_name_var, hint=f"start it with srun on the node: {self.join_command}")
+        if name not in nodes:
+            raise ClusterConfigError(f"{self.node_name_var}={name!r} is not in {nodes_var}={nodelist!r}.",
+                                     f"start it on one of the job's nodes: {self.join_command}")
+        index = nodes.index(name)
+        slots = [1] * len(nodes)
+        tasks = Tasks(tuple(slots), index, 0, index, True, f"{nodes_var}={nodelist!r} (--join: one agent per node)")
+        return self.job_info(job_id, nodes, slots, tasks, self._gpus())
 
     def _tasks(self, nodes: list[str], slots: list[int], source: str, nodes_var: str, in_step: bool) -> Tasks:
         """srun's own placement in a step; otherwise the shared rule (mpirun in an sbatch shell).

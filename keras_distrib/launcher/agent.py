@@ -92,6 +92,7 @@ class LaunchSpec:
     check: bool = False  # run the cluster check instead of SCRIPT (also when script is None)
     local: bool = False
     log_dir: Path | None = None  # this job's directory of per-process output files (launch makes it)
+    join: bool = False  # a new agent for a running elastic job (--join): it joins at the next checkpoint
 
     @property
     def runs_check(self) -> bool:
@@ -266,17 +267,21 @@ class Agent(Membership):
     def run(self) -> RunResult:
         """Form the job, start this node's processes, handle events until the job ends."""
         try:
-            channel, plan = self.form()
+            channel, plan = (self._join(), None) if self.spec.join else self.form()
         except control.ControlError as exc:
-            self.log.error(f"{exc}. HINT: start one agent per node (srun --ntasks-per-node=1), check that node names "
-                           "resolve and the ports are open.")
+            hint = ("--join needs the job running, with the same options as its agents" if self.spec.join else
+                    "start one agent per node (srun --ntasks-per-node=1)")
+            self.log.error(f"{exc}. HINT: {hint}; check that node names resolve and the ports are open.")
             return RunResult(1, str(exc))
         # Caught before the children start: a signal that comes while they start (say the
         # script's first line is already out) is queued and forwarded, not lost or fatal.
         previous = {s: signal.signal(s, lambda signum, _f: self.post(SignalReceived(signum))) for s in FORWARDED_SIGNALS}
         kept = self._keep_own_lines()
         try:
-            self.begin(channel, plan)
+            if plan is None:  # --join: no processes until agent 0 takes this node in
+                self.channel = channel
+            else:
+                self.begin(channel, plan)
             if self.identity.leader and not self.spec.runs_check:  # the check reports unreachable tasks itself
                 # The script starts at once, in parallel with the servers: TensorFlow's chief
                 # waits for its peers, and importing TensorFlow in parallel saves seconds.

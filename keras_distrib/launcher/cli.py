@@ -54,6 +54,10 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
                         "the last checkpoint (default: stop, or requeue with --requeue)")
     p.add_argument("--max-nodes", type=int, default=None, metavar="N",
                    help="with --min-nodes: nodes that come back rejoin up to N nodes (default: the job's size)")
+    if not local:
+        p.add_argument("--join", action="store_true",
+                       help="start this node's agent for a running elastic job (same options as its agents); it "
+                            "joins at the job's next checkpoint: srun --jobid=JOBID -N1 -w NODE --overlap ... --join")
     p.add_argument("--exit-code-file", default=None, metavar="FILE",
                    help="the first agent writes the job's exit code here (job scripts whose step it ends, e.g. elastic.sbatch)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
@@ -145,6 +149,16 @@ def check_min_nodes(options: Options, job: JobInfo, mode: str | None = None, che
                                  "start one task per node (e.g. srun --ntasks-per-node=1), or drop --min-nodes.")
 
 
+def check_join(options: Options, job: JobInfo) -> None:
+    """--join: an elastic job (--min-nodes), on a node other than the first (its agent leads the job)."""
+    if options.min_nodes is None:
+        raise ClusterConfigError("--join takes a node into a running elastic job, and this one has no --min-nodes.",
+                                 "give the same options as the job's agents (--min-nodes M included), plus --join.")
+    if job.node_index == 0:
+        raise ClusterConfigError(f"--join on {job.node}, the job's first node: its agent leads the job and "
+                                 "cannot join it.", "start the joining agent on another of the job's nodes (-w NODE).")
+
+
 def format_table(plan: Plan) -> str:
     """The human-readable plan."""
     rows = [("NODE", "JOB", "INDEX", "ADDRESS", "GPUS")]
@@ -175,7 +189,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             hosts = {n: "127.0.0.1" for n in job.nodes}
         else:
             parser = choose_parser(scheduler, options, args, env)
-            job = parser.parse()
+            job = parser.join_info() if args.join else parser.parse()
             hosts = None
         plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts)
         hint = parser.agent_launch_hint if parser else "use --nodes."
@@ -186,13 +200,16 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             return 0
         mode = tasks_mode(job, plan, hint)
         check_min_nodes(options, job, mode, bool(args.check or args.script is None))
+        if getattr(args, "join", False):
+            check_join(options, job)
     except ClusterConfigError as exc:
         # Every task of a step checks the same environment: rank 0 reports for all, so
         # `srun --ntasks-per-node=2` shows the error once instead of once per task.
         return report_error(exc, speaks=job is None or not job.tasks_launched or job.rank == 0)
     from .agent import LaunchSpec, launch  # TensorFlow-free, but only needed past this point
 
-    spec = LaunchSpec(job, plan, options, mode, args.script, tuple(args.script_args or ()), args.check, local)
+    spec = LaunchSpec(job, plan, options, mode, args.script, tuple(args.script_args or ()), args.check, local,
+                      join=bool(getattr(args, "join", False)))
     try:
         return launch(spec)
     except ClusterConfigError as exc:

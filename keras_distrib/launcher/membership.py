@@ -151,6 +151,15 @@ class Membership:
 
         threading.Thread(target=reconnect, name="rejoin", daemon=True).start()
 
+    def _join(self) -> Channel:
+        """--join: connect to agent 0 as this node's agent (FORMING, no processes); it takes this
+        node in at the job's next checkpoint, as a dropped agent that came back."""
+        self.log.info(f"joining the running job: connecting to the first node's agent "
+                      f"({self.identity.agent_nodes[0]}) for up to {REJOIN_WAIT:.0f} s.")
+        channel = rejoin_job(self.identity, self.spec.plan, self.spec.options, self.post, REJOIN_WAIT)
+        self.log.info("connected to the first node's agent; it takes this node in at the job's next checkpoint.")
+        return channel
+
     def _on_rejoined(self, channel: Channel) -> None:
         self.channel.close()
         self.channel = channel
@@ -160,7 +169,10 @@ class Membership:
     def _on_joined(self, agent: int, hello: dict[str, Any]) -> None:
         """Agent 0: a dropped agent connected again: it joins at the next checkpoint, up to --max-nodes."""
         node = self.identity.agent_nodes.get(agent)
-        if node is None or node in self.plan.nodes or not self.identity.leader:
+        if node is None or not self.identity.leader:
+            return
+        if node in self.plan.nodes:  # a second agent for a node in the job (--join on a node not lost)
+            self.log.warning(f"an agent on {node} connected to join, but {node} is in the job; it stays out.")
             return
         if self.spec.options.min_nodes is None or self.state is not State.RUNNING or self.interrupted:
             self.log.info(f"the agent on {node} connected again; the job is {self.state.value}, so it stays out.")

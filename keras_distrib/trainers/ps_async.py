@@ -532,12 +532,18 @@ class DynamicDatasetInput:
         resume inside a run)."""
         return first % self.per_run
 
+    def full_part(self, k: int) -> int:
+        """The size of every part but the epoch's last ones: the most whole runs within K
+        (9 batches of 3 workers' runs for K=10), run unrolled like K (`steps_arg`)."""
+        return max(self.per_run, k - k % self.per_run)
+
 
 def steps_arg(n: int, k: int, offset: int = 0) -> Any:
-    """A closure's step count as `run_chunk` takes it: K as a Python int (its steps unrolled,
-    the fast path), fewer as a tensor, so every remainder size shares one trace (a graph
-    loop; each size traced unrolled cost one more trace of up to K-1 steps per epoch size).
-    A part that starts inside a run (``offset``, after a resume) keeps its Python count."""
+    """A closure's step count as `run_chunk` takes it: a full part (``k``: K, or a stream's
+    `DynamicDatasetInput.full_part`) as a Python int (its steps unrolled, the fast path),
+    fewer as a tensor, so every remainder size shares one trace (a graph loop; each size
+    traced unrolled cost one more trace of up to K-1 steps per epoch size). A part that
+    starts inside a run (``offset``, after a resume) keeps its Python count."""
     import tensorflow as tf
 
     return n if n == k or offset else tf.constant(n, tf.int32)
@@ -1124,7 +1130,7 @@ class ParameterServerTrainer(Trainer):
             logger.info("re-running %d part(s) of the epoch that a re-run closure could not reach", len(missed))
             schedule = self._scheduler(fn, inp.iterator(epoch))
             for n, part in sorted(missed, key=lambda m: m[1]):  # in stream order: each runs
-                pending.append((n, schedule(steps_arg(n, k, inp.offset(part)), True, False, 0, tf.constant(part, tf.int64), inp.per_run, inp.stacked,
+                pending.append((n, schedule(steps_arg(n, inp.full_part(k), inp.offset(part)), True, False, 0, tf.constant(part, tf.int64), inp.per_run, inp.stacked,
                                             inp.offset(part)), part))
             missed.clear()
 
@@ -1140,7 +1146,8 @@ class ParameterServerTrainer(Trainer):
                     rows = tf.constant(part, tf.int64)
                     if stream:
                         offset = inp.offset(part)
-                        rv = schedule(steps_arg(n, k, offset), True, False, 0, rows, inp.per_run, inp.stacked, offset)
+                        rv = schedule(steps_arg(n, inp.full_part(k), offset), True, False, 0, rows, inp.per_run, inp.stacked,
+                                      offset)
                     else:
                         rv = schedule(steps_arg(n, k), True, False, inp.batch_size, rows, 1, False, 0)
                     pending.append((n, rv, part))

@@ -251,3 +251,66 @@ def test_a_kill_during_the_reforming_is_restarted_and_the_job_ends(slurm_cluster
     assert done["accuracy"] >= 0.97, done
     assert error_lines(text) == []
     assert_nothing_left(slurm_cluster, job, wait=60)
+
+
+def agent_pids(cluster: SlurmTestCluster, node: str) -> list[int]:
+    """The keras_distrib agents running in ``node``'s network namespace."""
+    netns = os.stat(f"/run/netns/{cluster.prefix}-{node}").st_ino
+    pids = []
+    for entry in cluster.processes_matching(r"-m keras_distrib\.slurm"):
+        pid = int(entry.split()[0])
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino == netns:
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def test_a_new_agent_started_with_join_takes_a_lost_node_back(slurm_cluster: SlurmTestCluster, work: Path) -> None:
+    """n3 cut and its agent killed (a node that went down); once n3 is back, a new agent
+    started for the running job (srun --jobid=J -N1 -w n3 --overlap ... --join) joins at the
+    next checkpoint, and the job ends on the three nodes with exit 0 and the exact step count."""
+    import subprocess
+
+    out, ck, joined = work / "join.out", work / "join-ck", work / "join-agent.out"
+    epochs = 10
+    job = submit(slurm_cluster, work, out, ck, epochs=epochs)
+    cut, joiner = False, None
+    try:
+        wait_for_checkpoint(ck, out)
+        slurm_cluster.set_link("n3", up=False)
+        cut = True
+        assert wait_for_text(out, "lost n3; continuing on 2 nodes (n1, n2)", 60), out.read_text(errors="replace")[-4000:]
+        for pid in agent_pids(slurm_cluster, "n3"):  # n3 went down: its agent is gone
+            os.kill(pid, signal.SIGKILL)
+        slurm_cluster.set_link("n3", up=True)
+        cut = False
+        argv = ["srun", f"--jobid={job}", "-N1", "-w", "n3", "--overlap", "python", "-m", "keras_distrib.slurm",
+                "--join", "--layout", "ps-per-node", "--min-nodes", "2", "--requeue", "--heartbeat-timeout", "10",
+                "--checkpoint-every", "2s", "fit.py", str(ck), str(epochs), str(STEPS)]
+        with joined.open("w") as sink:
+            joiner = slurm_cluster.popen("head", argv, cwd=work, stdout=sink, stderr=subprocess.STDOUT)
+        assert wait_for_text(out, "n3 rejoined; continuing on 3 nodes (n1, n2, n3)", 120), \
+            out.read_text(errors="replace")[-3000:] + joined.read_text(errors="replace")[-3000:]
+        result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
+        joiner.wait(timeout=60)
+    finally:
+        if cut:
+            slurm_cluster.set_link("n3", up=True)
+        if joiner is not None and joiner.poll() is None:
+            joiner.kill()
+            joiner.wait()
+        slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text, agent = out.read_text(errors="replace"), joined.read_text(errors="replace")
+    for line in lines_with(text, "continuing on") + lines_with(text, "is back") + lines_with(agent, "keras_distrib:"):
+        print(line)
+    assert result == "COMPLETED" and result.exit_code == 0, text[-4000:]
+    assert joiner.returncode == 0, agent[-3000:]
+    assert len(lines_with(text, "n3 is back (its agent connected again); it joins at the job's next checkpoint.")) == 1
+    assert "connected to the first node's agent; it takes this node in at the job's next checkpoint." in agent
+    done = final_row(text)
+    assert done["step"] == epochs * STEPS, done
+    assert done["accuracy"] >= 0.97, done
+    assert error_lines(text) == [] and error_lines(agent) == []
+    assert_nothing_left(slurm_cluster, job, wait=60)

@@ -719,3 +719,34 @@ def test_without_min_nodes_a_failed_script_stops_the_job_at_once() -> None:
     h = harness("allreduce")
     h.exit("worker:0", 1)
     assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 1
+
+
+def test_a_joining_agent_connects_without_processes_and_starts_when_taken_in(monkeypatch: pytest.MonkeyPatch,
+                                                                            lines: list[str]) -> None:
+    """--join: a new agent for a running job connects as its node's agent, runs nothing until
+    agent 0's order takes the node in, then runs that node's processes of the plan."""
+    from keras_distrib.launcher import membership
+
+    job = JobInfo("slurm", "5", NODES, (1, 1, 1), node_index=2)
+    plan = build_plan(job, "ps-per-node")
+    processes, channel = FakeProcesses(), FakeChannel()
+    agent = Agent(LaunchSpec(job, plan, Options(min_nodes=2), script="train.py", join=True),
+                  Identity(2, 3, "n3", dict(enumerate(NODES))), processes=processes, timers=FakeTimers(), environ={})
+    reached: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(membership, "rejoin_job", lambda *a: reached.append(a) or channel)
+    agent.post(FromPeer(0, Start(generation=3, nodes=NODES)))
+    agent.post(FromPeer(0, Stop(0)))
+    result = agent.run()
+    assert reached and reached[0][1] == plan  # the digest agent 0 checks is of the job's first plan
+    assert processes.launches == [] and processes.reformed == [["ps:2", "worker:2"]]
+    assert agent.generation.number == 3 and result.code == 0
+    assert "connected to the first node's agent; it takes this node in at the job's next checkpoint." in lines
+
+
+def test_a_second_agent_for_a_node_in_the_job_stays_out(lines: list[str]) -> None:
+    from keras_distrib.launcher.messages import PeerJoined
+
+    h = harness(min_nodes=2)
+    h.agent.handle(PeerJoined(2, hello_of(h, 2)))
+    assert lines[-1] == "an agent on n3 connected to join, but n3 is in the job; it stays out."
+    assert h.agent.joining == {} and h.agent.plan.nodes == NODES

@@ -162,6 +162,11 @@ BAD_INPUT = [
     ("config-scheduler-in-local", "keras_distrib.local", {}, ["--config", "{tmp}/pbs.yaml"], ["does nothing", "keras_distrib.local"]),
     ("min-nodes-above-nodes", "keras_distrib.slurm", STEP, ["--min-nodes", "9"], ["min-nodes=9", "--min-nodes"]),
     ("config-min-nodes-zero", "keras_distrib.slurm", STEP, ["--config", "{tmp}/min0.yaml"], ["min-nodes=0", ">= 1"]),
+    ("join-under-pbs", "keras_distrib.pbs", {"PBS_JOBID": "12.srv"}, ["--join"], ["--join", "not supported under pbs"]),
+    ("join-node-not-in-job", "keras_distrib.slurm", {**STEP, "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n9"},
+     ["--join"], ["SLURMD_NODENAME='n9' is not in SLURM_JOB_NODELIST='n[1-3]'", "-w NODE"]),
+    ("join-outside-a-job-step", "keras_distrib.slurm", {"SLURM_JOB_ID": "113", "SLURM_JOB_NODELIST": "n[1-3]"},
+     ["--join"], ["SLURMD_NODENAME", "srun --jobid="]),
     ("static-tasks-not-int", "keras_distrib", {"KERAS_DISTRIB_HOSTS_FILE": "{tmp}/two.yaml"}, [],
      ["tasks_per_node 'two'", "tasks_per_node: 1"]),
 ]
@@ -268,4 +273,23 @@ def test_min_nodes_needs_an_agent_per_node_and_a_script(mode: str, check: bool, 
         return
     with pytest.raises(ClusterConfigError, match=expected) as raised:
         check_min_nodes(Options(min_nodes=2), job, mode, check)
+    assert " HINT: " in str(raised.value)
+
+
+@pytest.mark.parametrize(("options", "node_index", "expected"), [
+    (Options(), 2, "--join takes a node into a running elastic job, and this one has no --min-nodes"),
+    (Options(min_nodes=2), 0, "--join on n1, the job's first node"),
+    (Options(min_nodes=2), 2, None),
+])
+def test_join_needs_min_nodes_and_another_node_than_the_first(options: Options, node_index: int,
+                                                              expected: str | None) -> None:
+    from cluster_parsers import ClusterConfigError, JobInfo
+    from keras_distrib.launcher.cli import check_join
+
+    job = JobInfo("slurm", "5", ("n1", "n2", "n3"), (1, 1, 1), node_index=node_index)
+    if expected is None:
+        check_join(options, job)
+        return
+    with pytest.raises(ClusterConfigError, match=expected) as raised:
+        check_join(options, job)
     assert " HINT: " in str(raised.value)

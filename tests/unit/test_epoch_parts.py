@@ -81,3 +81,23 @@ def test_each_epoch_a_new_order_reproducible_from_the_seed() -> None:
     assert order(1, 0) != order(2, 0)
     assert order(1, 0) != order(1, 1)
     assert np.concatenate(shard_rows(5, 2, epoch=3, shuffle=False, seed=1)).tolist() == [0, 2, 4, 1, 3]
+
+
+@pytest.mark.parametrize(("workers", "k"), [(1, 10), (2, 10), (3, 10), (4, 10), (3, 7), (12, 10)])
+def test_a_streams_parts_are_full_but_for_the_epochs_tail(workers: int, k: int) -> None:
+    """A tf.data stream's parts are whole runs of one batch per worker: all but the last few
+    hold `full_part` batches, the count run unrolled (a Python int, as K is); 3 workers and
+    K=10 give parts of 9, which ran in the slower counted loop before."""
+    pytest.importorskip("tensorflow")
+    from keras_distrib.trainers.ps_async import DynamicDatasetInput, steps_arg
+
+    stream = object.__new__(DynamicDatasetInput)  # parts() needs only the run size
+    stream.per_run = workers
+    full = stream.full_part(k)
+    assert full % workers == 0 and (full <= k or full == workers)
+    sizes = [n for n, _ in stream.parts(0, 0, 1000, k)]
+    assert sum(sizes) == 1000
+    tail = next((i for i, n in enumerate(sizes) if n != full), len(sizes))
+    assert set(sizes[:tail]) == {full} and sum(sizes[tail:]) <= 2 * workers * k
+    assert isinstance(steps_arg(full, full), int)
+    assert all(not isinstance(steps_arg(n, full), int) for n in sizes[tail:] if n != full)
