@@ -85,10 +85,14 @@ class SlurmParser(ClusterParser):
         the job's node list, one agent per node as the elastic template starts them, this
         task the agent of its node (SLURMD_NODENAME)."""
         _, job_id = self.require(*self.job_id_vars, hint=f"start it inside the job: {self.join_command}")
-        nodes_var = self.job_vars[0]
-        _, nodelist = self.require(nodes_var, hint=f"start it inside the job: {self.join_command}")
-        nodes = expand_hosts(nodes_var, nodelist)
+        self.require(self.job_vars[0], self.legacy_nodelist_var, hint=f"start it inside the job: {self.join_command}")
         _, name = self.require(self.node_name_var, hint=f"start it with srun on the node: {self.join_command}")
+        # srun --jobid from outside the job sets SLURM_JOB_NODELIST to the new step's node and
+        # SLURM_NODELIST to the job's (Slurm 22.05, tests/unit/fixtures/slurm_join_step.json):
+        # the longer list that holds this node is the job's.
+        lists = [(var, self.env[var], expand_hosts(var, self.env[var]))
+                 for var in (self.job_vars[0], self.legacy_nodelist_var) if self.env.get(var)]
+        nodes_var, nodelist, nodes = max(lists, key=lambda entry: (name in entry[2], len(entry[2])))
         if name not in nodes:
             raise ClusterConfigError(f"{self.node_name_var}={name!r} is not in {nodes_var}={nodelist!r}.",
                                      f"start it on one of the job's nodes: {self.join_command}")

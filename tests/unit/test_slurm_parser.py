@@ -131,3 +131,21 @@ def test_bad_input_names_variable(env: dict[str, str], named: str) -> None:
         parse(env)
     assert named in err.value.message
     assert err.value.hint
+
+
+def test_a_joining_step_sees_the_job_as_its_agents_did() -> None:
+    """``srun --jobid=1 -N1 -w n3 --overlap`` from the head node (recorded on the test
+    cluster): SLURM_JOB_NODELIST is the new step's node there, SLURM_NODELIST the job's."""
+    env = fixture_env("slurm_join_step")
+    assert env["SLURM_JOB_NODELIST"] == "n3" and env["SLURM_NODELIST"] == "n[1-3]"
+    joining = SlurmParser(env).join_info()
+    agents = parse(fixture_env("slurm_step_task5", SLURM_STEP_TASKS_PER_NODE="1(x3)", SLURM_STEP_NUM_TASKS="3",
+                               SLURM_NTASKS="3", SLURM_TASKS_PER_NODE="1(x3)", SLURM_PROCID="2", SLURM_LOCALID="0"))
+    assert joining.nodes == agents.nodes == ("n1", "n2", "n3")
+    assert (joining.node_index, joining.rank, joining.node, joining.tasks_per_node) == (2, 2, "n3", (1, 1, 1))
+    assert joining.job_id == "1"
+
+
+def test_joining_on_a_node_outside_the_job_names_it() -> None:
+    with pytest.raises(ClusterConfigError, match=r"SLURMD_NODENAME='n9' is not in SLURM_NODELIST='n\[1-3\]'"):
+        SlurmParser(fixture_env("slurm_join_step", SLURMD_NODENAME="n9")).join_info()
