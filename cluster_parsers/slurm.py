@@ -86,7 +86,7 @@ class SlurmParser(ClusterParser):
         task the agent of its node (SLURMD_NODENAME)."""
         _, job_id = self.require(*self.job_id_vars, hint=f"start it inside the job: {self.join_command}")
         self.require(self.job_vars[0], self.legacy_nodelist_var, hint=f"start it inside the job: {self.join_command}")
-        _, name = self.require(self.node_name_var, hint=f"start it with srun on the node: {self.join_command}")
+        _, name = self.require(self.node_name_var, hint=f"start it on the node: {self.join_command}")
         # srun --jobid from outside the job sets SLURM_JOB_NODELIST to the new step's node and
         # SLURM_NODELIST to the job's (Slurm 22.05, tests/unit/fixtures/slurm_join_step.json):
         # the longer list that holds this node is the job's.

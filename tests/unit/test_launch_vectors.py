@@ -231,9 +231,13 @@ LAUNCH_VECTORS: dict[str, tuple[type[ClusterParser], list[dict[str, str]], tuple
                                    ("node01", "node02")),
     "jsrun -r1 -a1": (LsfParser, ranks("lsf_jsrun_r1_a1", ("JSM_NAMESPACE_RANK",), 2), ("hostA", "hostB")),
     "bsub": (LsfParser, [fixture_env("lsf_mcpu")], ()),
+    # --join (docs/faults.md): srun --jobid=J -N1 -w n3 --overlap from the head node, recorded on the test cluster.
+    "srun --jobid=": (SlurmParser, [fixture_env("slurm_join_step")], ("n3",)),
     "tasks_per_node: 1": (StaticParser, [{"KERAS_DISTRIB_HOSTS_FILE": STATIC_HOSTS, "KERAS_DISTRIB_RANK": str(r)}
                                          for r in range(2)], ("ws-alpha", "ws-beta")),
 }
+#: Commands that start an agent for a running job (``--join``): read with ``join_info``.
+JOIN_COMMANDS = {"srun --jobid="}
 LAUNCHER_WORDS = ("srun", "sbatch", "salloc", "pbsdsh", "mpiexec", "mpirun", "qsub", "qrsh", "jsrun", "bsub", "blaunch",
                   "tasks_per_node:")
 
@@ -278,7 +282,7 @@ def test_every_hint_command_is_accepted(command: str) -> None:
     seen_nodes = []
     for env in envs:
         parser = parser_cls(env)
-        job = parser.parse()
+        job = parser.join_info() if command in JOIN_COMMANDS else parser.parse()
         for layout in LAYOUTS:
             assert mode_of(parser, job, layout) == "agent", (command, layout)
         seen_nodes.append(job.node)
