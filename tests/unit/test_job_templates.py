@@ -53,6 +53,7 @@ TEMPLATES = [
     Template("scripts/sbatch/elastic.sbatch", "keras_distrib.slurm", '"$LAYOUT"', "#SBATCH"),
     Template("scripts/pbs/ps-per-node.pbs", "keras_distrib.pbs", "ps-per-node", "#PBS"),
     Template("scripts/sge/ps-per-node.sge", "keras_distrib.sge", "ps-per-node", "#$"),
+    Template("scripts/pbs/elastic.pbs", "keras_distrib.pbs", '"$LAYOUT"', "#PBS"),
 ]
 SLURM = [t for t in TEMPLATES if t.module == "keras_distrib.slurm"]
 IDS = [Path(t.path).name for t in TEMPLATES]
@@ -272,6 +273,22 @@ def test_pbs_runs_one_agent_per_node(tmp_path: Path, rc: int) -> None:
         for vnode in ("2", "4")
     ]
     assert [c for c in calls if c[0] == "mypython"] == [["mypython", *agent[1:]]]
+
+
+@needs_bash
+@pytest.mark.parametrize(("env", "layout", "minimum"), [({}, "ps-per-node", "2"),
+                                                        ({"LAYOUT": "allreduce", "MIN_NODES": "1"}, "allreduce", "1")])
+def test_pbs_elastic_runs_one_agent_per_node_with_the_minimum(tmp_path: Path, env: dict[str, str], layout: str,
+                                                              minimum: str) -> None:
+    template = next(t for t in TEMPLATES if t.path.endswith("elastic.pbs"))
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("n1\nn1\nn2\nn2\nn3\nn3\n")
+    env = {"PBS_NODEFILE": str(nodefile), "PBS_O_WORKDIR": str(tmp_path), **env}
+    code, calls, err = run_template(template, tmp_path, env, ARGS, 3)
+    assert code == 3, err  # agent 0's code is the job's
+    agent = ["-m", "keras_distrib.pbs", "--layout", layout, "--min-nodes", minimum, "--requeue", *ARGS]
+    assert [c[c.index("-m"):] for c in calls if "-m" in c] == [agent] * 3
+    assert sorted(c[2] for c in calls if c[0] == "pbsdsh") == ["2", "4"]
 
 
 @needs_bash
