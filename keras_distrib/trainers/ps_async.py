@@ -459,6 +459,8 @@ class DynamicDatasetInput:
             batch = batch[0] if len(batch) == 1 else batch  # tf.data spreads a tuple over arguments
             return tf.shape(tf.nest.flatten(batch)[0])[0], batch
 
+        autotune = source.dataset.options().autotune.enabled  # None: the user did not set it
+
         def stream(epoch: Any) -> Any:
             order = kd_data.Order(shuffle=shuffle, seed=seed, epoch=epoch)
             ds = source.epoch_elements(0, 1, order)  # the whole epoch, in the order every worker draws
@@ -471,7 +473,15 @@ class DynamicDatasetInput:
             empty = tf.nest.map_structure(
                 lambda spec: tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype), ds.element_spec)
             end = tf.data.Dataset.from_tensors((tf.constant(PAST_THE_END, tf.int64), empty)).repeat()
-            return ds.enumerate().prefetch(tf.data.AUTOTUNE).concatenate(end)
+            ds = ds.enumerate().prefetch(tf.data.AUTOTUNE).concatenate(end)
+            if autotune is None:
+                # A fresh stream each epoch under tf.data's autotuning stalled the epoch's
+                # first closure about 1 s in 1 epoch of 4 (docs/performance.md); without it,
+                # AUTOTUNE settings keep tf.data's defaults. A user's own setting is kept.
+                options = tf.data.Options()
+                options.autotune.enabled = False
+                ds = ds.with_options(options)
+            return ds
 
         self.sample = kd_data.pipeline(source, 0, 1, batch_size=batch_size, shuffle=False, seed=seed,
                                        repeat=False)  # for the chief's metrics
