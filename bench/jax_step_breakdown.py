@@ -35,8 +35,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _harness import REPO, Comparison, child_env, parser, print_table, save  # noqa: E402
-from jax_throughput import EXAMPLES, STEPS, run_bare  # noqa: E402
+from _harness import REPO, Comparison, child_env, print_table, save  # noqa: E402
+from jax_throughput import EXAMPLES, STEPS, jax_bench_args, run_bare  # noqa: E402
 
 PREFIX = "JAX_BREAKDOWN "
 SIDES = ("ours", "bare", "single")
@@ -121,13 +121,7 @@ def side_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    p = parser(__doc__)
-    p.add_argument("--models", default="mlp,cnn")
-    p.add_argument("--batch", type=int, default=64, help="global batch")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per part (default per model)")
-    p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = jax_bench_args(__doc__, SIDES, "part")
     if args.side:
         side_main(args)
         return

@@ -113,14 +113,19 @@ def side_main(args: argparse.Namespace) -> None:
         print(RESULT_PREFIX + json.dumps({"steps_per_sec": args.steps / timer.seconds[-1]}), flush=True)
 
 
-def main() -> None:
-    p = parser(__doc__)
+def jax_bench_args(doc: str, sides: tuple[str, ...], timed: str) -> argparse.Namespace:
+    """The flags of the jax benchmarks (this one and jax_step_breakdown.py); --side/--model run one job."""
+    p = parser(doc)
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--batch", type=int, default=64, help="global batch")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per side (default per model)")
-    p.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, default=None, help=f"timed steps per {timed} (default per model)")
+    p.add_argument("--side", choices=sides, help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = jax_bench_args(__doc__, SIDES, "side")
     if args.side:
         side_main(args)
         return

@@ -86,6 +86,14 @@ def lines_with(text: str, needle: str) -> list[str]:
     return [line for line in text.splitlines() if needle in line]
 
 
+def link_back_after_the_end(cluster: SlurmTestCluster, out: Path) -> None:
+    """n3 cut until the job's end: the first agent ends the step (the template reports its
+    code), then the link comes back so n3's agent can stop."""
+    assert wait_for_text(out, "ending the step (scancel ", TIMEOUT), out.read_text(errors="replace")[-4000:]
+    time.sleep(3)
+    cluster.set_link("n3", up=True)
+
+
 # Each layout once and each path once in CI (about 55 s a case); KERAS_DISTRIB_ELASTIC_GRID=all runs
 # all six (done for the figures in docs/faults.md).
 CASES = [("ps-per-node", True), ("allreduce", False), ("jax", False)]
@@ -126,10 +134,8 @@ def test_a_cut_node_is_dropped_and_rejoins_when_its_link_is_back(slurm_cluster: 
             cut = False
             assert wait_for_text(out, "n3 rejoined; continuing on 3 nodes (n1, n2, n3)", 120), \
                 out.read_text(errors="replace")[-4000:]
-        else:  # cut until the job's end: the first agent ends the step, the template reports its code
-            assert wait_for_text(out, "ending the step (scancel ", TIMEOUT), out.read_text(errors="replace")[-4000:]
-            time.sleep(3)
-            slurm_cluster.set_link("n3", up=True)
+        else:
+            link_back_after_the_end(slurm_cluster, out)
             cut = False
         result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
     finally:
@@ -233,9 +239,7 @@ def test_a_kill_during_the_reforming_is_restarted_and_the_job_ends(slurm_cluster
             time.sleep(0.05)
         assert pid != before, out.read_text(errors="replace")[-4000:]
         os.kill(pid, signal.SIGKILL)
-        assert wait_for_text(out, "ending the step (scancel ", TIMEOUT), out.read_text(errors="replace")[-4000:]
-        time.sleep(3)
-        slurm_cluster.set_link("n3", up=True)
+        link_back_after_the_end(slurm_cluster, out)
         cut = False
         result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
     finally:
