@@ -18,6 +18,9 @@ speed; the epoch time is the median over epochs 3-6 (`trainer.epoch_stats`).
   for 3; fixed shards tend to x2.
 * The slow worker's share of the epoch's steps (the per-epoch line's figures), dynamic.
 * No slow worker: steps/s dynamic vs fixed shards (the cost of the hand-out).
+* ``--inputs service``: TensorFlow's tf.data service (``distributed_epoch``) against
+  ``Dataset.shard``, both in a bare coordinator loop (`SERVICE_SCRIPT`), for the choice
+  between it and keras_distrib's own hand-out (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -75,6 +78,96 @@ SCRIPT = textwrap.dedent(
     """
 )
 
+#: ``--inputs service``: TensorFlow's tf.data service (``distributed_epoch``, one dispatcher and
+#: one data worker in the chief, a job per epoch) against ``Dataset.shard``, both in a bare
+#: coordinator loop (plain variables, SGD, K steps a closure): not keras_distrib's trainer.
+SERVICE_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import numpy as np
+    import keras_distrib
+    strategy = keras_distrib.strategy()
+    import tensorflow as tf
+    from keras_distrib.trainers import _private_apis as private
+
+    marker, epochs, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    K, B = 10, 32
+    service = os.environ["BENCH_DYNAMIC"] == "1"
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    n = len(private.coordinator_workers(coordinator))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(rows, 64)).astype("float32")
+    y = (x[:, :4].sum(axis=1) > 0).astype("int32")
+    if service:
+        dispatcher = tf.data.experimental.service.DispatchServer()
+        data_worker = tf.data.experimental.service.WorkerServer(tf.data.experimental.service.WorkerConfig(
+            dispatcher_address=dispatcher.target.split("://")[1]))
+    with strategy.scope():
+        shapes = [(64, 128), (128,), (128, 64), (64,), (64, 2), (2,)]
+        params = [tf.Variable(rng.normal(scale=0.1, size=s).astype("float32")) for s in shapes]
+
+
+    def replica(xb, yb):
+        with tf.GradientTape() as tape:
+            h = tf.nn.relu(xb @ params[0] + params[1])
+            h = tf.nn.relu(h @ params[2] + params[3])
+            logits = h @ params[4] + params[5]
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(yb, logits))
+        for v, g in zip(params, tape.gradient(loss, params)):
+            v.assign_sub(0.01 * g)
+
+
+    @tf.function
+    def chunk(it, ids):
+        wid = next(ids)
+        steps, examples = tf.constant(0), tf.constant(0)
+        for _ in tf.range(K):
+            opt = it.get_next_as_optional()
+            if not opt.has_value():
+                break
+            xb, yb = opt.get_value()
+            strategy.run(replica, args=(xb, yb))
+            steps += 1
+            examples += tf.shape(xb)[0]
+        return wid, steps, examples
+
+
+    def dataset(index, epoch):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(rows, seed=epoch)
+        if service:
+            return ds.batch(B).apply(tf.data.experimental.service.distribute(
+                processing_mode="distributed_epoch", service=dispatcher.target, job_name=f"epoch-{epoch}"))
+        return ds.shard(n, index).batch(B)
+
+
+    ids = private.per_worker_iterator(
+        coordinator, [lambda i=i: iter(tf.data.Dataset.from_tensors(tf.constant(i)).repeat()) for i in range(n)],
+        tf.data.Dataset.from_tensors(tf.constant(0)).repeat())
+    stats = []
+    for epoch in range(epochs):
+        started = time.perf_counter()
+        fns = [tf.function(lambda i=i: dataset(i, epoch)).get_concrete_function() for i in range(n)]
+        it = private.per_worker_iterator(coordinator, [lambda f=f: iter(f()) for f in fns], fns[0].structured_outputs)
+        per_worker, examples, ended, pending = [0] * n, 0, set(), []
+        while len(ended) < n or pending:
+            while len(ended) < n and len(pending) < 2 * n:
+                pending.append(coordinator.schedule(chunk, args=(it, ids)))
+            wid, s, e = (int(v) for v in pending.pop(0).fetch())
+            per_worker[wid] += s
+            examples += e
+            if s < K:
+                ended.add(wid)
+        seconds = time.perf_counter() - started
+        total = sum(per_worker)
+        stats.append({"seconds": seconds, "steps": total, "steps_per_sec": total / seconds, "examples": examples,
+                      "worker_steps_per_sec": {str(w): c / seconds for w, c in enumerate(per_worker)}})
+        print(f"epoch {epoch}: {seconds:.2f} s, examples {examples} of {rows}, steps per worker {per_worker}", flush=True)
+        if epoch == 0:
+            open(marker, "w").close()
+    print("STATS", json.dumps(stats), flush=True)
+    """
+)
+
 
 def duty_cycle(pid: int, stop: threading.Event, off: float = 0.05, period: float = 0.1) -> None:
     """Stop ``pid`` ``off`` seconds out of every ``period`` until ``stop`` is set."""
@@ -104,7 +197,7 @@ def run(workdir: Path, workers: int, *, dynamic: bool, slowed: bool, epochs: int
         inputs: str = "arrays", layout: str = "ps-per-node") -> list[dict]:
     """One job; its epoch_stats (seconds, steps, worker_steps_per_sec per epoch)."""
     script = workdir / "straggler_job.py"
-    script.write_text(SCRIPT)
+    script.write_text(SERVICE_SCRIPT if inputs == "service" else SCRIPT)
     marker = workdir / f"epoch1-{time.monotonic_ns()}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "keras_distrib.local", *layout_args(layout, workers),
@@ -136,6 +229,9 @@ def run(workdir: Path, workers: int, *, dynamic: bool, slowed: bool, epochs: int
         tail = [line for line in lines if "keras_distrib" in line or "Error" in line][-30:]
         raise SystemExit(f"the job ({workers} workers, dynamic={dynamic}, slowed={slowed}) failed with {code}:\n"
                          + "\n".join(tail))
+    short = [s["examples"] for s in stats[-1] if "examples" in s and s["examples"] != rows]
+    if short:
+        print(f"  NOT EXACT: epochs counted {short} examples of {rows}", file=sys.stderr, flush=True)
     return stats[-1]
 
 
@@ -155,7 +251,8 @@ def slow_share(stats: list[dict], workers: int) -> float:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--workers", default="2,3", help="worker counts to measure (default 2,3)")
-    p.add_argument("--inputs", default="arrays,tfdata", help="input kinds to measure (default arrays,tfdata)")
+    p.add_argument("--inputs", default="arrays,tfdata",
+                   help="input kinds to measure: arrays, tfdata, service (default arrays,tfdata)")
     p.add_argument("--layouts", default="ps-per-node", help="layouts to measure (ps-per-node, worker-per-gpu)")
     only = p.add_mutually_exclusive_group()
     only.add_argument("--dynamic-only", action="store_true",
@@ -175,11 +272,13 @@ def main() -> None:
         for layout, kind, n in [(layout, kind, n) for layout in layouts for kind in kinds for n in counts]:
             ideal = n / (n - 0.5)
             where = "" if layout == "ps-per-node" else f"{layout}, "
+            names = ({True: "tf.data service", False: "Dataset.shard, bare loop"} if kind == "service"
+                     else {True: "dynamic hand-out", False: "fixed shards"})
             sides = {dynamic: Comparison(
-                f"{where}{kind}, {n} workers, one at half speed, {'dynamic hand-out' if dynamic else 'fixed shards'}: epoch s "
+                f"{where}{kind}, {n} workers, one at half speed, {names[dynamic]}: epoch s "
                 f"(ideal x{ideal:.2f})", "slowed", "undisturbed", "s",
                 target=f"<= {1.1 * ideal:.2f}" if dynamic else "reported") for dynamic in (True, False)}
-            cost = Comparison(f"{where}{kind}, {n} workers, none slow: dynamic hand-out vs fixed shards", "dynamic",
+            cost = Comparison(f"{where}{kind}, {n} workers, none slow: {names[True]} vs {names[False]}", "dynamic",
                               "fixed", "steps/s", target=">= 0.97")
             key = ("" if layout == "ps-per-node" else f"{layout}-") + (f"{n}" if kind == "arrays" else f"{kind}-{n}")
             shares[key] = []
