@@ -684,13 +684,17 @@ def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]],
 
 def throughput_main(doc: str | None, benchmark: str, steps_table: dict[str, int], default_steps: int,
                     compare: Callable[[Any, str, Callable[..., Any]], tuple[list[Any], dict[str, Any]]],
-                    title: Callable[[Any, int], str]) -> None:
+                    title: Callable[[Any, int], str], add_arguments: Callable[[Any], None] | None = None) -> None:
     """The main() of a throughput benchmark: per model, ``compare(args, name, run)`` launches
     its clusters and returns (its comparisons, {label: steps/s per side}); then the table
-    titled ``title(args, rounds)`` and the saved results."""
+    titled ``title(args, rounds)`` and the saved results. ``add_arguments(parser)``: the
+    benchmark's own options."""
     from _harness import print_table, save
 
-    args = training_parser(doc).parse_args()
+    p = training_parser(doc)
+    if add_arguments is not None:
+        add_arguments(p)
+    args = p.parse_args()
     rounds, runs = model_runs(args, steps_table, default_steps)
     comparisons: list[Any] = []
     raw: dict[str, Any] = {}

@@ -98,6 +98,7 @@ class Trainer:
         #: Per trained epoch: {"epoch", "seconds", "steps", "steps_per_sec",
         #: "worker_steps_per_sec": {worker: steps/s}} (public; seconds exclude validation).
         self.epoch_stats: list[dict[str, Any]] = []
+        self._last_epoch = -1  # the last epoch of the running fit (`_epoch_loop`)
 
     # ------------------------------------------------------------ subclass interface
 
@@ -372,6 +373,7 @@ class Trainer:
                     keeper: CheckpointKeeper | None, resume_steps: int | None = None,
                     resume_callbacks: tuple[Sequence[Any], Any] = ((), None), report: bool = False) -> Any:
         self.model.stop_training = False
+        self._last_epoch = epochs - 1  # nothing to make ready past it
         cbs.on_train_begin()
         cb_utils.restore_callback_state(*resume_callbacks)  # after on_train_begin, which resets it
         logs: dict[str, float] = {}

@@ -142,6 +142,9 @@ MAX_DYNAMIC_BYTES = 1 << 30
 
 #: The number of the empty batches after the end of a `DynamicDatasetInput` stream.
 PAST_THE_END = 1 << 62
+#: Run numbers of epoch ``e`` of a `DynamicDatasetInput` stream start at ``e * EPOCH_RUNS``:
+#: one stream runs through every epoch of a fit, numbered without a gap or an overlap.
+EPOCH_RUNS = 1 << 36
 
 
 def with_countdown(ds: Any) -> Any:
@@ -416,9 +419,9 @@ class DynamicInput:
 class DynamicDatasetInput:
     """Exact epochs of a ``tf.data.Dataset`` of known size handed out dynamically (issue 28).
 
-    Every worker builds the same stream of the epoch (the dataset's own shuffles are seeded
-    alike on every worker, as with fixed shards: `keras_distrib.data.DatasetSource`), in
-    runs of ``k * B`` elements, numbered. A run holds one batch of each of the k fixed
+    Every worker builds the same stream of the fit's epochs (the dataset's own shuffles are
+    seeded alike on every worker, per epoch, as with fixed shards:
+    `keras_distrib.data.DatasetSource`), in runs of ``k * B`` elements, numbered. A run holds one batch of each of the k fixed
     shards (rows ``s, s + k, ...`` are shard ``s``'s next batch), so the batches and the
     steps of an epoch are the same; batch ``j`` of the epoch is batch ``j % k`` of run
     ``j // k`` (a batched dataset: k of its batches stacked a run). A closure gets the number of its first
@@ -461,19 +464,26 @@ class DynamicDatasetInput:
 
         autotune = source.dataset.options().autotune.enabled  # None: the user did not set it
 
-        def stream(epoch: Any) -> Any:
+        def one_epoch(epoch: Any) -> Any:
             order = kd_data.Order(shuffle=shuffle, seed=seed, epoch=epoch)
             ds = source.epoch_elements(0, 1, order)  # the whole epoch, in the order every worker draws
             if source.batched:
                 ds = ds.map(with_rows).padded_batch(k)
             else:
                 ds = source.finish_batches(ds.batch(k * batch_size))
-            # Past the epoch's last run, an endless empty one numbered beyond every part:
-            # a stream that a re-run part finds at its end reads as "behind", not an error.
+            return ds.enumerate(epoch * EPOCH_RUNS)
+
+        def stream(first: Any, last: Any) -> Any:
+            # Epochs first..last in one stream: the next epoch's runs are prefetched while
+            # this one ends, as with a repeated input (a fresh stream each epoch cost the
+            # epoch's first closure its wait).
+            ds = tf.data.Dataset.range(first, last + 1).flat_map(one_epoch)
+            # Past the last run, an endless empty one numbered beyond every part: a
+            # stream that a re-run part finds at its end reads as "behind", not an error.
             empty = tf.nest.map_structure(
-                lambda spec: tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype), ds.element_spec)
+                lambda spec: tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype), ds.element_spec[1])
             end = tf.data.Dataset.from_tensors((tf.constant(PAST_THE_END, tf.int64), empty)).repeat()
-            ds = ds.enumerate().prefetch(tf.data.AUTOTUNE).concatenate(end)
+            ds = ds.prefetch(tf.data.AUTOTUNE).concatenate(end)
             if autotune is None:
                 # A fresh stream each epoch under tf.data's autotuning stalled the epoch's
                 # first closure about 1 s in 1 epoch of 4 (docs/performance.md); without it,
@@ -485,8 +495,10 @@ class DynamicDatasetInput:
 
         self.sample = kd_data.pipeline(source, 0, 1, batch_size=batch_size, shuffle=False, seed=seed,
                                        repeat=False)  # for the chief's metrics
-        self._concrete = tf.function(stream, input_signature=[tf.TensorSpec([], tf.int64)]).get_concrete_function()
-        self._ahead: tuple[int, Any] | None = None  # (epoch, its streams), made by `prepare`
+        epoch_spec = tf.TensorSpec([], tf.int64)
+        self._concrete = tf.function(stream, input_signature=[epoch_spec, epoch_spec]).get_concrete_function()
+        self._streams: tuple[int, int, Any] | None = None  # (first epoch, last epoch, the streams) of a fit
+        self._epoch = 0  # the epoch a recovered worker's fresh stream starts at
         self.expected = source.num_examples
         #: Steps of one epoch: the batches of every shard (each shard's last one may be short).
         self.steps = sum(steps_for_shards(source.num_examples, k, None if source.batched else batch_size))
@@ -503,27 +515,43 @@ class DynamicDatasetInput:
         specs = tf.nest.flatten(source.dataset.element_spec)
         return all(type(s) is tf.TensorSpec and s.shape.rank is not None for s in specs)
 
-    def iterator(self, epoch: int) -> Any:
-        """Fresh streams of ``epoch``, one per worker, at its first batch (made ahead by
-        `prepare`, or now)."""
-        if self._ahead is not None and self._ahead[0] == epoch:
-            ready, self._ahead = self._ahead[1], None
-            return ready
-        return self._make(epoch)
+    def iterator(self, epoch: int, last: int | None = None) -> tuple[Any, Any]:
+        """``(streams, sources)``, one of each per worker: the streams hold ``epoch`` and
+        the epochs after it up to ``last`` (None: ``epoch`` alone, made anew each call: an
+        evaluation); training asks for each epoch with the fit's last one and gets the same
+        streams, at that epoch's runs or ahead of them. A source yields, for each epoch of
+        the streams, ``(epoch, a fresh stream from it)``: a closure whose part its worker's
+        stream has passed (it was re-run there after its own worker was lost) reads its
+        runs from a fresh one (`skip_to`)."""
+        self._epoch = epoch
+        if last is None:
+            return self._make(epoch, epoch)
+        if self._streams is None or not self._streams[0] <= epoch <= self._streams[1] or self._streams[1] != last:
+            self._streams = (epoch, last, self._make(epoch, last))
+        return self._streams[2]
 
-    def prepare(self, epoch: int) -> None:
-        """Start making ``epoch``'s streams now: a worker makes them between two closures
-        (the coordinator runs them first) and fills their prefetch buffers, so the epoch
-        starts without waiting for that (figures: docs/performance.md)."""
-        if self._ahead is None or self._ahead[0] != epoch:
-            self._ahead = (epoch, self._make(epoch))
-
-    def _make(self, epoch: int) -> Any:
+    def _make(self, first: int, last: int) -> tuple[Any, Any]:
         import tensorflow as tf
 
-        make = lambda: iter(self._concrete(tf.constant(epoch, tf.int64)))  # noqa: E731
-        return private.per_worker_iterator(self.coordinator, [make] * self.num_shards,
-                                           self._concrete.structured_outputs)
+        def start() -> tuple[Any, Any]:
+            # The coordinator runs the makers again for a recovered worker: its streams
+            # start at the epoch running then, not at the fit's first.
+            return tf.constant(max(first, self._epoch), tf.int64), tf.constant(last, tf.int64)
+
+        def sources(begin: Any, end: Any) -> Any:
+            return tf.data.Dataset.from_tensors(tf.data.Dataset.range(begin, end + 1).map(
+                lambda e: (e, self._concrete(e, end)))).repeat()
+
+        streams = private.per_worker_iterator(self.coordinator, [lambda: iter(self._concrete(*start()))] * self.num_shards,
+                                              self._concrete.structured_outputs)
+        spec = sources(tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+        fresh = private.per_worker_iterator(self.coordinator, [lambda: iter(sources(*start()))] * self.num_shards, spec)
+        return streams, fresh
+
+    def first_batch(self, epoch: int, first: int) -> int:
+        """The number a closure gets for batch ``first`` of ``epoch``: its place in the
+        stream of every epoch (`EPOCH_RUNS`)."""
+        return epoch * EPOCH_RUNS * self.per_run + first
 
     def parts(self, epoch: int, first_step: int, num_steps: int, k: int) -> Iterator[tuple[int, int]]:
         """``(steps, number of the first batch)`` of each closure: whole runs in a row, K
@@ -559,16 +587,28 @@ def steps_arg(n: int, k: int, offset: int = 0) -> Any:
     return n if n == k or offset else tf.constant(n, tf.int32)
 
 
-def skip_to(iterator: Any, first: Any, per_run: int, stacked: bool, offset: int) -> tuple[Any, "_RunBatches"]:
-    """``(behind, batches)``: a numbered stream of runs (``(number, run)``) moved past the
-    runs before the one of batch ``first``, as the batches of one closure; ``behind``: the
-    stream was already past that run (see `DynamicDatasetInput`)."""
+def skip_to(iterator: Any, sources: Any, first: Any, per_run: int, stacked: bool, offset: int) -> "_RunBatches":
+    """The batches of one closure: a numbered stream of runs (``(number, run)``) moved past
+    the runs before the one of batch ``first``. A stream already past that run (the closure
+    was re-run on this worker after its own was lost) is replaced by a fresh one of the
+    epoch from ``sources`` (`DynamicDatasetInput.iterator`). Only the choice of the stream
+    is conditional: a ``tf.cond`` around the steps, waiting for the stream, cost 6-10 % of
+    the MLP's steps/s (docs/performance.md)."""
     import tensorflow as tf
 
     wanted = first // per_run
     number, run = iterator.get_next()
-    number, run = tf.while_loop(lambda i, _: i < wanted, lambda i, _: iterator.get_next(), (number, run))
-    return number > wanted, _RunBatches(iterator, run, per_run, stacked, offset)
+    behind = number > wanted
+
+    def fresh() -> Any:
+        epoch = wanted // EPOCH_RUNS
+        epochs = next(sources).filter(lambda e, _: tf.equal(e, epoch))
+        return iter(next(iter(epochs))[1])
+
+    stream = tf.cond(behind, fresh, lambda: iterator)
+    number = tf.where(behind, tf.constant(-1, number.dtype), number)
+    number, run = tf.while_loop(lambda i, _: i < wanted, lambda i, _: stream.get_next(), (number, run))
+    return _RunBatches(stream, run, per_run, stacked, offset)
 
 
 class ParameterServerTrainer(Trainer):
@@ -957,23 +997,15 @@ class ParameterServerTrainer(Trainer):
             # numbered stream of runs of per_run batches (stacked: a batched dataset's),
             # offset its place in its run (`DynamicDatasetInput`).
             shard = next(shard_ids)
-            behind = None
-            if rows is not None and rows.shape.rank == 0:
-                (behind, iterator), endless, counted = skip_to(iterator, rows, per_run, stacked, offset), True, False
+            if rows is not None and rows.shape.rank == 0:  # iterator: (streams, sources)
+                iterator, endless, counted = skip_to(*iterator, rows, per_run, stacked, offset), True, False
             elif rows is not None:
                 iterator, endless, counted = _Gathered(next(iterator), rows, batch_size), True, False
-
-            def run_steps(iterator: Any, carry: tuple[Any, ...], *args: Any) -> tuple[Any, ...]:
-                if behind is None:
-                    return steps(iterator, carry, *args)
-                # A part its stream had passed runs no step; "exhausted" tells the chief.
-                return tf.cond(behind, lambda: (carry[0], tf.constant(True), *carry[2:]),
-                               lambda: steps(iterator, carry, *args))
             zeros = zeros_totals(metrics)
             if training and self.local_steps:  # opt-in: see the module docstring
                 start = (packing.read_packed(variables, groups), packing.read_packed(state_variables, state_groups),
                          packing.read_packed(opt_floats, opt_groups), tf.cast(step.read_value(), opt.iterations.dtype))
-                totals, exhausted, end = run_steps(iterator, (zeros, tf.constant(False), start), num_steps, endless,
+                totals, exhausted, end = steps(iterator, (zeros, tf.constant(False), start), num_steps, endless,
                                                counted, one_local_step)
                 updates = (packing.add_packed(variables, groups, start[0], end[0])
                            + packing.add_changes(state_variables, start[1], end[1])
@@ -986,14 +1018,14 @@ class ParameterServerTrainer(Trainer):
             if training and self.stale_reads:  # opt-in: one read per closure (module docstring)
                 values = packing.read_packed(variables, groups)
                 stale = (zeros, tf.constant(False), packing.read_packed(state_variables, state_groups))
-                totals, exhausted, _ = run_steps(iterator, stale, num_steps, endless, counted,
+                totals, exhausted, _ = steps(iterator, stale, num_steps, endless, counted,
                                              lambda it, c, endless: one_stale_step(it, c, values, endless))
                 logs = ()  # no annotation: AutoGraph cannot convert an annotated name it makes nonlocal
             else:
                 unroll = isinstance(num_steps, int) and (
                     num_steps <= MAX_UNROLLED_STEPS and num_steps * len(variables) <= MAX_UNROLLED_VARIABLE_STEPS)
                 carry = (zeros, tf.constant(False), first_logs(iterator, counted))
-                totals, exhausted, logs = run_steps(iterator, carry, num_steps, endless, counted, one_step, unroll)
+                totals, exhausted, logs = steps(iterator, carry, num_steps, endless, counted, one_step, unroll)
             return finish(shard, totals, exhausted, logs, [tf.identity(opt.iterations.value)] if training else [])
 
         return run_chunk
@@ -1072,7 +1104,11 @@ class ParameterServerTrainer(Trainer):
         fn = self._fn(training)
         dynamic = isinstance(inp, (DynamicInput, DynamicDatasetInput))
         stream = isinstance(inp, DynamicDatasetInput)
-        iterator = inp.full if isinstance(inp, DynamicInput) else inp.iterator(epoch)
+        last = self._last_epoch if training and stream else None  # one stream for the fit's epochs
+        if isinstance(inp, DynamicInput):
+            iterator = inp.full
+        else:
+            iterator = inp.iterator(epoch, last) if stream else inp.iterator(epoch)
         if dynamic:
             # A resumed training epoch (steps: what is left of it) continues where its
             # checkpoint was; validation_steps takes the first steps.
@@ -1102,8 +1138,6 @@ class ParameterServerTrainer(Trainer):
         if training:
             self.worker_steps = done
 
-        missed: deque = deque()  # parts a re-run closure found its stream past (`DynamicDatasetInput`)
-
         def fold_oldest() -> None:
             n, rv, part = pending.popleft()
             try:
@@ -1119,9 +1153,6 @@ class ParameterServerTrainer(Trainer):
                 return
             if isinstance(vector, dict):  # the model's own step: its logs come along
                 vector, logs = vector["vector"], vector["logs"]
-            if vector[1] and stream:
-                missed.append((n, part))
-                return
             if vector[1]:
                 exhausted.add(int(vector[0]))
             out = unpack_totals(vector[2:], reset)
@@ -1134,38 +1165,24 @@ class ParameterServerTrainer(Trainer):
 
         schedule = self._scheduler(fn, iterator)
 
-        def run_missed_again() -> None:
-            nonlocal schedule
-            # Fresh streams, all at the epoch's start: every worker reads forward again.
-            logger.info("re-running %d part(s) of the epoch that a re-run closure could not reach", len(missed))
-            schedule = self._scheduler(fn, inp.iterator(epoch))
-            for n, part in sorted(missed, key=lambda m: m[1]):  # in stream order: each runs
-                pending.append((n, schedule(steps_arg(n, inp.full_part(k), inp.offset(part)), True, False, 0, tf.constant(part, tf.int64), inp.per_run, inp.stacked,
-                                            inp.offset(part)), part))
-            missed.clear()
-
         stopped = False
         while True:
-            if missed:
-                run_missed_again()
             while not stopped and not complete() and len(pending) < self._window(per_shard, done):
                 n = k if steps is None else min(k, steps - scheduled)
                 hooks.before(totals.steps + sum(m for m, _, _ in pending))
                 if dynamic:  # the next part of the epoch, to whichever worker is free
                     n, part = next(parts)
-                    rows = tf.constant(part, tf.int64)
                     if stream:
-                        offset = inp.offset(part)
-                        rv = schedule(steps_arg(n, inp.full_part(k), offset), True, False, 0, rows, inp.per_run, inp.stacked,
-                                      offset)
+                        offset, first = inp.offset(part), tf.constant(inp.first_batch(epoch, part), tf.int64)
+                        rv = schedule(steps_arg(n, inp.full_part(k), offset), True, False, 0, first, inp.per_run,
+                                      inp.stacked, offset)
                     else:
-                        rv = schedule(steps_arg(n, k), True, False, inp.batch_size, rows, 1, False, 0)
+                        rv = schedule(steps_arg(n, k), True, False, inp.batch_size, tf.constant(part, tf.int64), 1,
+                                      False, 0)
                     pending.append((n, rv, part))
                 else:  # every argument: a trace binds all
                     pending.append((n, schedule(steps_arg(n, k), inp.endless, inp.counted, 0, None, 1, False, 0), None))
                 scheduled += n
-                if training and stream and scheduled >= steps:  # every part handed out: the next epoch's streams
-                    inp.prepare(epoch + 1)
             if not pending:
                 break
             fold_oldest()
@@ -1175,9 +1192,7 @@ class ParameterServerTrainer(Trainer):
             if not stopped and hooks.checkpoint_due(totals.steps):
                 # A mid-epoch checkpoint (or a preemption): let the closures in flight land
                 # so the saved step counter is exact, then save (and stop if preempted).
-                while pending or missed:  # every part before the checkpoint has run
-                    if missed:
-                        run_missed_again()
+                while pending:  # every part before the checkpoint has run
                     fold_oldest()
                 self._after_train_epoch()
                 hooks.checkpoint_now()
