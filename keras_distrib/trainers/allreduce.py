@@ -98,7 +98,9 @@ def _then_padding(real_ds: Any) -> Any:
     def pad(batch: Any, mask: Any) -> Any:
         return tf.nest.map_structure(lambda t: t[:1], batch), tf.zeros([1], tf.float32)
 
-    return real_ds.concatenate(real_ds.take(1).map(pad).repeat())
+    # Cached: each repetition of an uncached take(1) made the pipeline again (a shuffle
+    # buffer filled for one row).
+    return real_ds.concatenate(real_ds.take(1).map(pad).cache().repeat())
 
 
 def _replica_slices(ds: Any, pipeline: int, pipelines: int, local: int, *, masked: bool, endless: bool,
@@ -256,12 +258,43 @@ class EpochInput:
                                                   per_replica=per_replica, repeat=repeat, method=method)
             self.steps = steps if not repeat else self.steps
         self._persistent = None
+        self._stream: tuple[int, int, Any] | None = None  # (first epoch, last epoch, iterator)
 
-    def iterator(self, epoch: int) -> Any:
+    def iterator(self, epoch: int, last: int | None = None) -> Any:
+        """The distributed iterator of ``epoch``. Where every step's count is known
+        (``counts``) and ``last`` is given, one iterator runs through epochs ``epoch`` ..
+        ``last``, each exactly ``len(counts)`` batches per pipeline: a fresh iterator per
+        epoch cost about 0.1 s per epoch to make, and destroying the last one stalled an
+        epoch in about four by about 0.5 s (docs/performance.md)."""
         if self.repeat and self._persistent is not None:
             return self._persistent
+        if self.counts is not None and last is not None:
+            if self._stream is None or not self._stream[0] <= epoch <= self._stream[1] or self._stream[1] != last:
+                self._stream = (epoch, last, self._make(epoch, last))
+            return self._stream[2]
+        it = self._make(epoch)
+        if self.repeat:
+            self._persistent = it
+        return it
 
-        def dataset_fn(ctx: Any) -> Any:
+    def end_stream(self) -> None:
+        """The epoch did not take all its batches: the next one starts a fresh iterator."""
+        self._stream = None
+
+    def _make(self, epoch: int, last: int | None = None) -> Any:
+        def fit_long(ctx: Any) -> Any:
+            import tensorflow as tf
+
+            steps = len(self.counts)
+            ds = tf.data.Dataset.range(epoch, last + 1).flat_map(lambda e: one_epoch(ctx, e).take(steps))
+            # Endless (never read: the fit ends first), so the distributed iterator knows its
+            # input cannot end and no step all-reduces whether every worker has a batch (a
+            # dataset of unknown size cost one collective per step, 15 % of an MLP's steps/s).
+            never = tf.nest.map_structure(
+                lambda spec: tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype), ds.element_spec)
+            return ds.concatenate(tf.data.Dataset.from_tensors(never).repeat()).prefetch(tf.data.AUTOTUNE)
+
+        def one_epoch(ctx: Any, epoch: Any) -> Any:
             if self.source.batched:
                 ds = kd_data.pipeline(self.source, 0, 1, **self._options, epoch=epoch)
                 local = max(1, self.replicas // ctx.num_input_pipelines)
@@ -279,10 +312,8 @@ class EpochInput:
                 return ds
             return _with_padding(ds, endless=self.full_batch is not None)
 
-        it = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
-        if self.repeat:
-            self._persistent = it
-        return it
+        make = fit_long if last is not None else lambda ctx: one_epoch(ctx, epoch)
+        return iter(self.strategy.distribute_datasets_from_function(make))
 
 
 class AllReduceTrainer(Trainer):
@@ -600,7 +631,8 @@ class AllReduceTrainer(Trainer):
         """Run the epoch (or ``steps``) in calls of K steps; every worker in lockstep."""
         import tensorflow as tf
 
-        fn, iterator = self._fn(training, inp.full_batch), inp.iterator(epoch)
+        last = self._last_epoch if training and inp.counts is not None and steps is None else None
+        fn, iterator = self._fn(training, inp.full_batch), inp.iterator(epoch, last)
         if inp.own_step and steps is None:
             steps = inp.steps  # the model's own step: exactly the epoch's steps (own_step_batches)
         totals = Totals(self.metrics.reset_numpy())
@@ -624,6 +656,8 @@ class AllReduceTrainer(Trainer):
                 hooks.after(totals.steps - 1, totals)
             if done < n or self._agree(hooks.stop()):
                 break
+        if last is not None and totals.steps != len(counts):
+            inp.end_stream()  # stopped early: the stream is not at the next epoch's first batch
         if counts is not None and totals.steps == len(counts) and int(totals.count) != sum(counts):
             raise TrainerError(  # a source whose shard_sizes() do not match its shards
                 f"an epoch of {type(inp.source).__name__} was expected to hold {sum(counts)} examples over "
