@@ -193,7 +193,16 @@ class ControlServer:
         for agent, conn in list(self._peers.items()):
             self._send(agent, conn, data)
 
+    def wait_until_alone(self, timeout: float) -> bool:
+        """Wait until every agent has disconnected, at most ``timeout`` s; True if all did."""
+        deadline = time.monotonic() + timeout
+        while self._peers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self._peers
+
     def close(self) -> None:
+        if self._closed.is_set():  # closed already (by its channel)
+            return
         self._closed.set()
         self._thread.join(timeout=5)
         for key in list(self._selector.get_map().values()):

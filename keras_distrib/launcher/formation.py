@@ -24,9 +24,14 @@ from ..plan import Plan, build_plan
 from . import control
 from .interfaces import interface_ipv4
 from .messages import (
-    Event, FromPeer, Hello, JobMessage, MessageError, PeerGone, PeerJoined, PeerSilent, Start, decode, to_wire,
+    Event, FromPeer, Hello, JobMessage, MessageError, PeerGone, PeerJoined, PeerSilent, Start, Stop, decode,
+    to_wire,
 )
 from .options import Options
+
+#: Beyond --shutdown-grace, how long agent 0 waits at the end for the other agents to
+#: disconnect (`LeaderChannel.close`).
+LINGER_MARGIN_S = 10.0
 
 logger = logging.getLogger(__name__)
 
@@ -81,17 +86,25 @@ class SoloChannel:
 class LeaderChannel:
     """Agent 0's end: the control server; the job secret file goes with it."""
 
-    def __init__(self, server: control.ControlServer, secret_file: Path | None) -> None:
+    def __init__(self, server: control.ControlServer, secret_file: Path | None, linger: float = 0.0) -> None:
         self.server = server
         self.secret_file = secret_file
+        self.linger = linger
+        self._stopped_all = False
 
     def to_leader(self, message: JobMessage) -> None:
         pass
 
     def to_all(self, message: JobMessage) -> None:
+        self._stopped_all = self._stopped_all or isinstance(message, Stop)
         self.server.broadcast(to_wire(message))
 
     def close(self) -> None:
+        if self._stopped_all:
+            # Each agent told to stop ends its processes, then disconnects. Agent 0 ending
+            # first can end the job script, and the scheduler then cancels what still runs:
+            # an agent started with --join, in a step of its own, ended "Terminated" (143).
+            self.server.wait_until_alone(self.linger)
         self.server.close()
         if self.secret_file is not None:
             self.secret_file.unlink(missing_ok=True)  # the job is over: nobody needs it
@@ -180,7 +193,7 @@ def form_job(
             port, identity.num_agents - 1, secret, log=log.info,
             heartbeat_timeout=options.heartbeat_timeout, valid_agents=others,
         )
-        channel = LeaderChannel(server, secret_file)
+        channel = LeaderChannel(server, secret_file, linger=options.shutdown_grace + LINGER_MARGIN_S)
         try:
             hellos = server.gather(options.startup_timeout, others)
             differ = sorted(a for a, h in hellos.items() if h.get("plan") != digest)

@@ -278,3 +278,33 @@ def test_a_client_that_may_not_wait_fails_at_once_when_nothing_listens() -> None
     with pytest.raises(control.ControlError, match="nothing listens"):
         control.ControlClient("127.0.0.1", port, {"agent": 1, "node": "n1"}, 30, SECRET, refused_ends=True)
     assert time.monotonic() - started < 5
+
+
+def test_agent_0_waits_for_the_other_agents_to_disconnect_after_a_stop_at_most_its_linger() -> None:
+    """Agent 0 ending first could end the job script while an agent (one started with --join
+    runs in a scheduler step of its own) still stops its processes: after broadcasting Stop,
+    `LeaderChannel.close` waits for every agent to disconnect, but no longer than ``linger``."""
+    from keras_distrib.launcher.formation import LeaderChannel
+    from keras_distrib.launcher.messages import Stop
+
+    job = Job(2)
+    try:
+        assert not job.server.wait_until_alone(0.2)  # both connected
+        job.clients[1].close()
+        threading.Timer(0.5, job.clients[2].close).start()
+        channel = LeaderChannel(job.server, None, linger=10.0)
+        channel.to_all(Stop(0))
+        started = time.monotonic()
+        channel.close()
+        assert 0.3 < time.monotonic() - started < 5.0  # waited for agent 2, not for the whole linger
+    finally:
+        job.close()
+    hung = Job(1)
+    try:
+        channel = LeaderChannel(hung.server, None, linger=0.5)
+        channel.to_all(Stop(0))
+        started = time.monotonic()
+        channel.close()  # agent 1 never disconnects: at most the linger
+        assert 0.4 < time.monotonic() - started < 3.0
+    finally:
+        hung.close()
