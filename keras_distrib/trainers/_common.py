@@ -1,4 +1,4 @@
-"""Strategy resolution, model checks, errors and the checkpoint keeper of the trainers."""
+"""Strategy resolution, model checks, errors, and input helpers the trainers share."""
 
 from __future__ import annotations
 
@@ -164,3 +164,28 @@ class CheckpointKeeper:
 
     def close(self) -> None:
         """Nothing to release (kept for the trainers' try/finally)."""
+
+
+def empty_like(spec: Any) -> Any:
+    """Zeros of a ``tf.TensorSpec``'s shape and dtype, each unknown dimension 0 (an empty batch)."""
+    import tensorflow as tf
+
+    return tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype)
+
+
+class FitStream:
+    """One input object for epochs ``first`` .. ``last`` of a fit, made once by
+    ``make(first, last)`` and handed out again for each of those epochs."""
+
+    def __init__(self, make: Any) -> None:
+        self._make = make
+        self._held: tuple[int, int, Any] | None = None  # (first epoch, last epoch, the object)
+
+    def get(self, epoch: int, last: int) -> Any:
+        if self._held is None or not self._held[0] <= epoch <= last or self._held[1] != last:
+            self._held = (epoch, last, self._make(epoch, last))
+        return self._held[2]
+
+    def drop(self) -> None:
+        """Make it anew at the next `get` (an epoch stopped before its end)."""
+        self._held = None

@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import data as kd_data
 from . import steps as step_contract
-from ._common import TrainerError, resolve_strategy
+from ._common import FitStream, TrainerError, empty_like, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, step_totals, unpack, zeros_totals
 
@@ -258,7 +258,7 @@ class EpochInput:
                                                   per_replica=per_replica, repeat=repeat, method=method)
             self.steps = steps if not repeat else self.steps
         self._persistent = None
-        self._stream: tuple[int, int, Any] | None = None  # (first epoch, last epoch, iterator)
+        self._stream = FitStream(self._make)
 
     def iterator(self, epoch: int, last: int | None = None) -> Any:
         """The distributed iterator of ``epoch``. Where every step's count is known
@@ -269,9 +269,7 @@ class EpochInput:
         if self.repeat and self._persistent is not None:
             return self._persistent
         if self.counts is not None and last is not None:
-            if self._stream is None or not self._stream[0] <= epoch <= self._stream[1] or self._stream[1] != last:
-                self._stream = (epoch, last, self._make(epoch, last))
-            return self._stream[2]
+            return self._stream.get(epoch, last)
         it = self._make(epoch)
         if self.repeat:
             self._persistent = it
@@ -279,7 +277,7 @@ class EpochInput:
 
     def end_stream(self) -> None:
         """The epoch did not take all its batches: the next one starts a fresh iterator."""
-        self._stream = None
+        self._stream.drop()
 
     def _make(self, epoch: int, last: int | None = None) -> Any:
         def fit_long(ctx: Any) -> Any:
@@ -290,8 +288,7 @@ class EpochInput:
             # Endless (never read: the fit ends first), so the distributed iterator knows its
             # input cannot end and no step all-reduces whether every worker has a batch (a
             # dataset of unknown size cost one collective per step, 15 % of an MLP's steps/s).
-            never = tf.nest.map_structure(
-                lambda spec: tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype), ds.element_spec)
+            never = tf.nest.map_structure(empty_like, ds.element_spec)
             return ds.concatenate(tf.data.Dataset.from_tensors(never).repeat()).prefetch(tf.data.AUTOTUNE)
 
         def one_epoch(ctx: Any, epoch: Any) -> Any:

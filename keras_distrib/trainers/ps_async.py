@@ -115,7 +115,7 @@ from .. import data as kd_data
 from . import _private_apis as private
 from . import packing
 from . import steps as step_contract
-from ._common import TrainerError, refuse_keras_loops, resolve_strategy
+from ._common import FitStream, TrainerError, empty_like, refuse_keras_loops, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, pack_totals, step_totals, unpack, unpack_totals, zeros_totals
 from .lookups import warn_tables_on_the_chief
@@ -480,8 +480,7 @@ class DynamicDatasetInput:
             ds = tf.data.Dataset.range(first, last + 1).flat_map(one_epoch)
             # Past the last run, an endless empty one numbered beyond every part: a
             # stream that a re-run part finds at its end reads as "behind", not an error.
-            empty = tf.nest.map_structure(
-                lambda spec: tf.zeros([0 if d is None else d for d in spec.shape], spec.dtype), ds.element_spec[1])
+            empty = tf.nest.map_structure(empty_like, ds.element_spec[1])
             end = tf.data.Dataset.from_tensors((tf.constant(PAST_THE_END, tf.int64), empty)).repeat()
             ds = ds.prefetch(tf.data.AUTOTUNE).concatenate(end)
             if autotune is None:
@@ -497,7 +496,7 @@ class DynamicDatasetInput:
                                        repeat=False)  # for the chief's metrics
         epoch_spec = tf.TensorSpec([], tf.int64)
         self._concrete = tf.function(stream, input_signature=[epoch_spec, epoch_spec]).get_concrete_function()
-        self._streams: tuple[int, int, Any] | None = None  # (first epoch, last epoch, the streams) of a fit
+        self._streams = FitStream(self._make)  # the streams of a fit's epochs
         self._epoch = 0  # the epoch a recovered worker's fresh stream starts at
         self.expected = source.num_examples
         #: Steps of one epoch: the batches of every shard (each shard's last one may be short).
@@ -524,11 +523,7 @@ class DynamicDatasetInput:
         stream has passed (it was re-run there after its own worker was lost) reads its
         runs from a fresh one (`skip_to`)."""
         self._epoch = epoch
-        if last is None:
-            return self._make(epoch, epoch)
-        if self._streams is None or not self._streams[0] <= epoch <= self._streams[1] or self._streams[1] != last:
-            self._streams = (epoch, last, self._make(epoch, last))
-        return self._streams[2]
+        return self._make(epoch, epoch) if last is None else self._streams.get(epoch, last)
 
     def _make(self, first: int, last: int) -> tuple[Any, Any]:
         import tensorflow as tf
@@ -1139,7 +1134,7 @@ class ParameterServerTrainer(Trainer):
             self.worker_steps = done
 
         def fold_oldest() -> None:
-            n, rv, part = pending.popleft()
+            n, rv = pending.popleft()
             try:
                 vector, logs = rv.fetch(), None
             except (tf.errors.UnavailableError, tf.errors.AbortedError):
@@ -1169,7 +1164,7 @@ class ParameterServerTrainer(Trainer):
         while True:
             while not stopped and not complete() and len(pending) < self._window(per_shard, done):
                 n = k if steps is None else min(k, steps - scheduled)
-                hooks.before(totals.steps + sum(m for m, _, _ in pending))
+                hooks.before(totals.steps + sum(m for m, _ in pending))
                 if dynamic:  # the next part of the epoch, to whichever worker is free
                     n, part = next(parts)
                     if stream:
@@ -1179,9 +1174,9 @@ class ParameterServerTrainer(Trainer):
                     else:
                         rv = schedule(steps_arg(n, k), True, False, inp.batch_size, tf.constant(part, tf.int64), 1,
                                       False, 0)
-                    pending.append((n, rv, part))
+                    pending.append((n, rv))
                 else:  # every argument: a trace binds all
-                    pending.append((n, schedule(steps_arg(n, k), inp.endless, inp.counted, 0, None, 1, False, 0), None))
+                    pending.append((n, schedule(steps_arg(n, k), inp.endless, inp.counted, 0, None, 1, False, 0)))
                 scheduled += n
             if not pending:
                 break

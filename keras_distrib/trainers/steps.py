@@ -15,7 +15,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Callable
 
-from ._common import TrainerError
+from ._common import TrainerError, empty_like
 from .metrics import all_finite, pythonify_logs
 
 #: Steps run inside one scheduled/compiled function when neither ``keras_distrib.fit``
@@ -186,7 +186,7 @@ def output_zeros(fn: Any, data: Any) -> Any:
                 f"the step returns a value of unknown rank ({t!r}). HINT: return scalars or tensors of "
                 "known rank from train_step/test_step (Keras returns the metrics' results)."
             )
-        return tf.zeros([0 if d is None else d for d in t.shape.as_list()], t.dtype)
+        return empty_like(t)
 
     return tf.nest.map_structure(zeros, outputs)
 

@@ -101,3 +101,19 @@ def test_a_streams_parts_are_full_but_for_the_epochs_tail(workers: int, k: int) 
     assert set(sizes[:tail]) == {full} and sum(sizes[tail:]) <= 2 * workers * k
     assert isinstance(steps_arg(full, full), int)
     assert all(not isinstance(steps_arg(n, full), int) for n in sizes[tail:] if n != full)
+
+
+def test_one_stream_serves_every_epoch_of_a_fit_until_dropped() -> None:
+    """`FitStream`: made once for epochs first..last and handed out for each of them; made
+    anew for an epoch outside them, for another last epoch, and after `drop` (an epoch
+    stopped before its end)."""
+    from keras_distrib.trainers._common import FitStream
+
+    made: list[tuple[int, int]] = []
+    stream = FitStream(lambda first, last: made.append((first, last)) or len(made))
+    assert [stream.get(e, 4) for e in (1, 2, 3, 4)] == [1, 1, 1, 1]
+    assert stream.get(0, 4) == 2  # before the stream's first epoch
+    assert stream.get(3, 5) == 3  # another fit's last epoch
+    stream.drop()
+    assert stream.get(4, 5) == 4
+    assert made == [(1, 4), (0, 4), (3, 5), (4, 5)]
