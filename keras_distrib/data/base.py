@@ -9,7 +9,7 @@ shard's size is fixed and known before the epoch, and ``on_epoch_begin`` /
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .policy import Order
 
@@ -28,6 +28,10 @@ class Source(Protocol):
     num_examples: int | None
     #: True if elements are already batches (the trainer then does not batch again).
     batched: bool
+    #: True if each shard yields the same number of elements every epoch, even where that
+    #: number is unknown before the first (files dealt whole to workers): the trainers
+    #: then count it in the first epoch that runs whole and rely on it from then on.
+    same_shard_sizes_every_epoch: bool
 
     def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":
         """Shard ``index`` of ``num_shards``, in the source's own order (epoch 0)."""
@@ -60,6 +64,7 @@ class BaseSource:
 
     num_examples: int | None = None
     batched: bool = False
+    same_shard_sizes_every_epoch: ClassVar[bool] = False
 
     def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":  # pragma: no cover - abstract
         raise NotImplementedError

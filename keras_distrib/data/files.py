@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 from .base import BaseSource
 from .policy import shard_files
@@ -47,6 +47,9 @@ class FileSource(BaseSource):
     parse_batch: Callable[[Any], Any] | None = None
     cache: bool | str = False
     cycle_length: int | None = None
+
+    #: A shard is the same files every epoch (a reader must yield the same records).
+    same_shard_sizes_every_epoch: ClassVar[bool] = True
 
     def shard(self, index: int, num_shards: int) -> "tf.data.Dataset":
         import tensorflow as tf
