@@ -170,7 +170,8 @@ def _tf_dataset(x: Any, y: Any, batch: int, shard: tuple[int, int] | None = None
 
 
 def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, exact_epochs: bool = False,
-                       k: int | None = None, tf_data: bool = False, **fit_options: Any) -> Callable[[int], float]:
+                       k: int | None = None, tf_data: bool = False, files: str | None = None,
+                       **fit_options: Any) -> Callable[[int], float]:
     """The Keras 3 trainer (keras_distrib.fit): async PS or all-reduce, by the strategy.
 
     ``k``: steps per scheduled function (default ``ctx.k``, the benchmark's ``--k``).
@@ -180,7 +181,8 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
     ``fit(x, y, epochs=...)``: every shard's size is known, and the trainer must find
     where each one ends. ``tf_data``: the examples as an unbatched ``tf.data.Dataset`` of
     known size (``from_tensor_slices``) instead of arrays (with ``steps_per_epoch`` too, so
-    exact epochs of tf.data compare with the same tf.data repeated).
+    exact epochs of tf.data compare with the same tf.data repeated). ``files``: the examples
+    as 4 TFRecord files read by a `FileSource` of that recipe (`FILE_RECIPES`) instead.
     """
     import keras
     import numpy as np
@@ -203,6 +205,8 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
             import tensorflow as tf
 
             epoch_data = tf.data.Dataset.from_tensor_slices(epoch_data)
+        if files:
+            epoch_data = records_of(ctx, epoch_data, files)
         keras_distrib.fit(model, epoch_data, epochs=2, steps_per_epoch=steps_per_epoch, batch_size=ctx.batch,
                           steps_per_execution=k, shuffle=shuffle, verbose=0, callbacks=[timer],
                           strategy=ctx.strategy, **fit_options)
@@ -447,6 +451,17 @@ def file_source(paths: list[str], shape: tuple[int, ...], recipe: str, num_examp
     raise ValueError(recipe)
 
 
+def records_of(ctx: "Context", arrays: tuple[Any, Any], recipe: str) -> Any:
+    """A FileSource of ``recipe`` over 4 TFRecord files of ``arrays``, written once per
+    process and size (all-reduce workers each write their own)."""
+    x, y = arrays
+    written = ctx.__dict__.setdefault("record_sets", {})
+    key = f"tfrecords-{os.getpid()}-{len(x)}"
+    if key not in written:
+        written[key] = write_tfrecords(x, y, Path(ctx.workdir) / key, files=4)
+    return file_source(written[key], x.shape[1:], recipe, len(x))
+
+
 def side_stall(ctx: "Context", kind: str) -> Callable[[int], float]:
     """keras_distrib.fit on one of the keras_distrib.data pipelines, or on one cached batch."""
 
@@ -455,10 +470,7 @@ def side_stall(ctx: "Context", kind: str) -> Callable[[int], float]:
     if kind == "arrays":
         return side_keras_distrib(ctx, kd_data.ArraySource((ctx.x, ctx.y)))
     if kind in FILE_RECIPES:
-        if not hasattr(ctx, "tfrecords"):  # once per process (all-reduce workers each write their own)
-            ctx.tfrecords = write_tfrecords(ctx.x, ctx.y, Path(ctx.workdir) / f"tfrecords-{os.getpid()}", files=4)
-        paths = ctx.tfrecords
-        return side_keras_distrib(ctx, file_source(paths, ctx.x.shape[1:], kind, len(ctx.x)))
+        return side_keras_distrib(ctx, records_of(ctx, (ctx.x, ctx.y), kind))
     # One pre-materialised batch, cached in memory and repeated: no per-step input work. A
     # batched source's batch is one replica's: under all-reduce batch_size is the global
     # batch, split over the replicas (a whole global batch per replica doubled the step).
@@ -492,6 +504,17 @@ class CachedBatch:
         return one.take(1).cache().repeat()
 
 
+#: Issue 27 §1: exact epochs (no steps_per_epoch) against the same fit with it, per input kind.
+EXACT_EPOCH_SIDES = ["keras_distrib", "keras_distrib_exact_epochs", "keras_distrib_tf_data",
+                     "keras_distrib_exact_epochs_tf_data", "keras_distrib_files", "keras_distrib_exact_epochs_files",
+                     "keras_distrib_files_cache", "keras_distrib_exact_epochs_files_cache"]
+#: (input kind, side without steps_per_epoch, side with it)
+EXACT_EPOCH_PAIRS = [("arrays", "keras_distrib_exact_epochs", "keras_distrib"),
+                     ("tf.data", "keras_distrib_exact_epochs_tf_data", "keras_distrib_tf_data"),
+                     ("FileSource", "keras_distrib_exact_epochs_files", "keras_distrib_files"),
+                     ("FileSource cache=True", "keras_distrib_exact_epochs_files_cache", "keras_distrib_files_cache")]
+
+
 SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
     "keras_distrib": side_keras_distrib,
     "tf_keras": side_tf_keras,
@@ -506,6 +529,9 @@ SIDES: dict[str, Callable[["Context"], Callable[[int], float]]] = {
     "keras_distrib_exact_epochs": lambda ctx: side_keras_distrib(ctx, exact_epochs=True),
     "keras_distrib_tf_data": lambda ctx: side_keras_distrib(ctx, tf_data=True),
     "keras_distrib_exact_epochs_tf_data": lambda ctx: side_keras_distrib(ctx, exact_epochs=True, tf_data=True),
+    **{f"keras_distrib_{recipe}": functools.partial(side_keras_distrib, files=recipe) for recipe in FILE_RECIPES},
+    **{f"keras_distrib_exact_epochs_{recipe}": functools.partial(side_keras_distrib, exact_epochs=True, files=recipe)
+       for recipe in FILE_RECIPES},
     **{f"ps_chunk_{variant}": functools.partial(side_ps_chunk, variant=variant) for variant in CHUNK_VARIANTS},
     "pipeline_arrays": lambda ctx: side_stall(ctx, "arrays"),
     **{f"pipeline_{recipe}": functools.partial(side_stall, kind=recipe) for recipe in FILE_RECIPES},

@@ -21,6 +21,9 @@ model on the same data (bench/_train_jobs.py):
   ``tf.data`` of known size (``from_tensor_slices``), ``steps_per_epoch`` (repeated);
 * ``keras_distrib_exact_epochs_tf_data``: the same tf.data without ``steps_per_epoch``
   (a numbered stream, parts of K known steps): issue 27's pair is this and the one above;
+* ``keras_distrib_files`` / ``keras_distrib_exact_epochs_files``: the examples as 4 TFRecord
+  files (`FileSource`, batch-then-parse), with and without ``steps_per_epoch`` (fixed
+  shards, counted in the first epoch); ``..._files_cache``: per-record parse, ``cache=True``;
 * ``keras_distrib_stale_reads``: the same with the opt-in ``ps_stale_reads=True`` (one
   variable read per closure; changes the training semantics, see docs/training.md);
 * ``keras_distrib_local_steps``: the same with the opt-in ``ps_local_steps=True`` (K local
@@ -34,8 +37,8 @@ increments (compute, variable read, gradient send + apply, trainer bookkeeping =
 closure scheduling and the exact-step/metrics/epoch work), in ms per step from the
 per-round medians, and the chief's CPU time per closure (time.process_time in the chief
 over the timed epoch; single_process's is the whole training's). ``--exact-epochs-only``:
-only the four ``keras_distrib`` sides of issue 27's rows (with and without
-``steps_per_epoch``, arrays and tf.data), so more rounds fit in the same time.
+only the ``keras_distrib`` sides of issue 27's rows (with and without ``steps_per_epoch``,
+arrays, tf.data and files), so more rounds fit in the same time.
 """
 
 from __future__ import annotations
@@ -44,14 +47,11 @@ import statistics
 import sys
 
 from _harness import Comparison, print_table, save
-from _train_jobs import each_model, launch_result, model_runs, training_parser
+from _train_jobs import EXACT_EPOCH_PAIRS, EXACT_EPOCH_SIDES, each_model, launch_result, model_runs, training_parser
 from ps_throughput import STEPS
 
-EXACT_EPOCH_SIDES = ["keras_distrib", "keras_distrib_exact_epochs", "keras_distrib_tf_data",
-                     "keras_distrib_exact_epochs_tf_data"]
-SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", "keras_distrib",
-         "keras_distrib_exact_epochs", "keras_distrib_tf_data", "keras_distrib_exact_epochs_tf_data", "keras_distrib_stale_reads", "keras_distrib_local_steps",
-         "keras_distrib_local_steps_2k"]
+SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", *EXACT_EPOCH_SIDES,
+         "keras_distrib_stale_reads", "keras_distrib_local_steps", "keras_distrib_local_steps_2k"]
 #: Sides that run more than K steps per closure (a factor of K).
 K_FACTOR = {"keras_distrib_local_steps_2k": 2}
 #: (label of the increment, side with it, side without it)
@@ -83,7 +83,7 @@ def breakdown(rates: dict[str, list[float]], cpu: dict[str, list[float]], k: int
 
 def main() -> None:
     p = training_parser(__doc__)
-    p.add_argument("--exact-epochs-only", action="store_true", help="only issue 27's four sides (exact epochs)")
+    p.add_argument("--exact-epochs-only", action="store_true", help="only issue 27's sides (exact epochs)")
     args = p.parse_args()
     rounds, runs = model_runs(args, STEPS, 240)
     comparisons: list[Comparison] = []
@@ -103,8 +103,7 @@ def main() -> None:
         comparisons += [
             Comparison(f"27. exact epochs {name}, {kind}: without vs with steps_per_epoch", "exact epochs",
                        "steps_per_epoch", "steps/s", rates[exact], rates[base], target=">= 0.95")
-            for kind, exact, base in (("arrays", "keras_distrib_exact_epochs", "keras_distrib"),
-                                      ("tf.data", "keras_distrib_exact_epochs_tf_data", "keras_distrib_tf_data"))
+            for kind, exact, base in EXACT_EPOCH_PAIRS
         ]
         if not args.exact_epochs_only:
             text += [f"  {name} (median of {rounds} rounds):", *breakdown(rates, cpu, args.k)]

@@ -29,6 +29,7 @@ Every worker runs this loop in lockstep. Why it looks the way it does:
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -39,6 +40,8 @@ from . import steps as step_contract
 from ._common import FitStream, TrainerError, empty_like, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
 from .metrics import Totals, all_finite, batch_size_of, step_totals, unpack, zeros_totals
+
+logger = logging.getLogger(__name__)
 
 
 def _sum_over_workers(strategy: Any, nest: Any, local_replicas: int = 0) -> Any:
@@ -250,6 +253,13 @@ class EpochInput:
             source.shard_sizes(pipelines) if pipelines == replicas else None)
         if sizes is not None:
             self.counts = step_counts(sizes, per_replica)
+        #: The shards' sizes are unknown before the first epoch but the same every epoch
+        #: (files dealt to workers): the steps' counts of the first epoch that runs whole
+        #: become ``counts`` (`learn`).
+        self.learns = (self.counts is None and not repeat and own_step is None and not source.batched
+                       and bool(per_replica) and pipelines == replicas
+                       and getattr(source, "same_shard_sizes_every_epoch", False))
+        self.learned = False
         self._method = own_step[1] if own_step is not None else ""
         self._sizes: list[list[int]] | None = None
         if own_step is not None:
@@ -274,6 +284,14 @@ class EpochInput:
         if self.repeat:
             self._persistent = it
         return it
+
+    def learn(self, counts: list[int]) -> None:
+        """Take the examples of each step of an epoch that ran whole as every later epoch's:
+        those run without a count per step, in one iterator (`iterator`)."""
+        if self.learns and counts:
+            logger.info("every epoch of this %s has %d steps: later ones run without counting each step's "
+                        "examples.", type(self.source).__name__, len(counts))
+            self.counts, self.learns, self.learned = counts, False, True
 
     def end_stream(self) -> None:
         """The epoch did not take all its batches: the next one starts a fresh iterator."""
@@ -418,21 +436,24 @@ class AllReduceTrainer(Trainer):
             # same structure as strategy.run returns.
             totals = strategy.run(lambda: tf.nest.map_structure(tf.identity, start))
 
-            def body(i: Any, steps: Any, totals: Any, ended: Any) -> tuple[Any, Any, Any, Any]:
+            def body(i: Any, steps: Any, totals: Any, ended: Any, seen: Any) -> tuple[Any, ...]:
                 batch, mask = next(iterator)
                 if full_batch is not None or counts is not None:
                     global_n = tf.constant(float(full_batch)) if counts is None else counts[i]
-                    return i + 1, steps + 1, strategy.run(replica_step, args=(batch, mask, totals, global_n)), ended
+                    return (i + 1, steps + 1, strategy.run(replica_step, args=(batch, mask, totals, global_n)), ended,
+                            seen)
                 global_n = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(local_count, args=(mask,)), axis=None)
+                seen = seen.write(tf.cast(i, tf.int32), global_n)  # each step's count: `EpochInput.learn`
                 # Every worker sees the same global count, so all take the same branch.
                 return (i + 1, *tf.cond(
                     global_n > 0,
                     lambda: (steps + 1, strategy.run(replica_step, args=(batch, mask, totals, global_n)), ended),
-                    lambda: (steps, totals, tf.constant(True))))
+                    lambda: (steps, totals, tf.constant(True))), seen)
 
-            _, steps, totals, _ = tf.while_loop(
-                lambda i, steps, totals, ended: tf.logical_and(i < num_steps, tf.logical_not(ended)), body,
-                (tf.constant(0, num_steps.dtype), tf.constant(0, tf.int64), totals, tf.constant(False)))
+            seen = tf.TensorArray(tf.float32, size=0, dynamic_size=True, element_shape=[])
+            _, steps, totals, _, seen = tf.while_loop(
+                lambda i, steps, totals, ended, seen: tf.logical_and(i < num_steps, tf.logical_not(ended)), body,
+                (tf.constant(0, num_steps.dtype), tf.constant(0, tf.int64), totals, tf.constant(False), seen))
             # One all-reduce per call: sums over replicas of the per-replica accumulators.
             def deltas(totals: dict[str, Any]) -> dict[str, Any]:
                 return {
@@ -449,6 +470,7 @@ class AllReduceTrainer(Trainer):
                 "steps": steps,
                 "finite": summed["bad"] == 0,
                 "state": [d + r for d, r in zip(summed["state"], start["state"])],
+                "seen": seen.stack(),
             }
 
         return run_chunk
@@ -637,6 +659,9 @@ class AllReduceTrainer(Trainer):
         counts = inp.counts
         if counts is not None:  # the epoch's steps are known: no step counts, none ends it
             steps = len(counts) if steps is None else min(steps, len(counts))
+        learning = inp.learns and steps is None
+        seen: list[int] = []  # each step's examples, where the epoch teaches them (`EpochInput.learn`)
+        by_hook = False
         while steps is None or totals.steps < steps:
             if totals.steps and hooks.checkpoint_due(totals.steps):
                 hooks.checkpoint_now()  # every worker agreed: lockstep, the step is exact
@@ -648,16 +673,26 @@ class AllReduceTrainer(Trainer):
                 these = counts[totals.steps:totals.steps + n]
                 out = fn(iterator, tf.constant(n), tf.constant(these + [0] * (k - n), tf.float32))
             done = int(out["steps"])
-            totals.add({key: (np.asarray(v) if key not in ("state", "logs") else v) for key, v in out.items()})
+            if learning:
+                seen += [int(c) for c in np.asarray(out["seen"])[:done]]
+            totals.add({key: (np.asarray(v) if key not in ("state", "logs", "seen") else v) for key, v in out.items()})
             if done:
                 hooks.after(totals.steps - 1, totals)
-            if done < n or self._agree(hooks.stop()):
+            if done < n:
                 break
+            if self._agree(hooks.stop()):
+                by_hook = True
+                break
+        if learning and not by_hook and totals.steps == len(seen) and sum(seen) == int(totals.count):
+            inp.learn(seen)
         if last is not None and totals.steps != len(counts):
             inp.end_stream()  # stopped early: the stream is not at the next epoch's first batch
         if counts is not None and totals.steps == len(counts) and int(totals.count) != sum(counts):
-            raise TrainerError(  # a source whose shard_sizes() do not match its shards
+            hint = ("HINT: keep the input's files unchanged during training (steps_per_epoch= avoids the known-size "
+                    "path)." if inp.learned else "HINT: this is a keras_distrib defect; please report it with the "
+                    "input's type (steps_per_epoch= avoids the known-size path).")
+            raise TrainerError(  # a source whose shard_sizes() (or counted size) do not match its shards
                 f"an epoch of {type(inp.source).__name__} was expected to hold {sum(counts)} examples over "
-                f"every worker and held {int(totals.count)}. HINT: this is a keras_distrib defect; please "
-                "report it with the input's type (steps_per_epoch= avoids the known-size path).")
+                f"every worker and held {int(totals.count)}{' (as counted in an earlier epoch)' if inp.learned else ''}. "
+                f"{hint}")
         return totals

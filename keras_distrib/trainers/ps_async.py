@@ -147,19 +147,11 @@ PAST_THE_END = 1 << 62
 EPOCH_RUNS = 1 << 36
 
 
-def with_countdown(ds: Any, size: int | None = None) -> Any:
-    """``(left, element)`` for each element of the finite ``ds`` of known cardinality (or
-    ``size`` elements, a counted size tf.data does not know), where ``left`` counts the
-    elements left, this one included (the last one has 1); past the end, ``ds`` again, with
-    ``left`` <= 0 (an empty ``ds`` stays empty): a closure that reads past its shard's end
-    (one re-run on another worker after its own was lost) trains on batches seen before
-    instead of failing the fit."""
-    import tensorflow as tf
-
-    if size is not None:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(size))  # the files changed: an error
+def with_countdown(ds: Any) -> Any:
+    """``(left, element)`` for each element of the finite ``ds`` of known cardinality, where
+    ``left`` counts the elements left, this one included (the last one has 1)."""
     left = ds.cardinality()
-    return ds.repeat().enumerate().map(lambda i, element: (left - i, element))
+    return ds.enumerate().map(lambda i, element: (left - i, element))
 
 
 class _Batches:
@@ -274,34 +266,34 @@ class PerWorkerInput:
 
     def __init__(self, coordinator: Any, source: Any, *, batch_size: int | None, shuffle: bool,
                  seed: int | None, repeat: bool, countdown: bool = False) -> None:
+        import tensorflow as tf
+
         self.coordinator = coordinator
         self.source = source
         self.repeat = repeat
-        k = self.num_shards = len(private.coordinator_workers(coordinator))
+        k = len(private.coordinator_workers(coordinator))
 
         def dataset_fn(index: int, epoch: Any) -> Any:
             return kd_data.pipeline(source, index, k, batch_size=batch_size, shuffle=shuffle,
                                     seed=seed, repeat=repeat, epoch=epoch)
 
-        self._dataset_fn = dataset_fn
         self.sample = dataset_fn(0, 0)  # local, for building metrics on the chief
         #: Each element comes as ``(batches left in the shard, counting it, batch)``: every
         #: shard's size is known to tf.data (the same pipeline on every worker, so shard 0's
         #: cardinality tells), and a closure then decides once whether its K steps can run
         #: unguarded (see `ParameterServerTrainer._make_fn`).
         self.counted = countdown and not repeat and int(self.sample.cardinality()) >= 0
-        #: The shards' sizes are unknown to tf.data but the same every epoch (files dealt to
-        #: workers): the first epoch that runs whole counts them (`learn`), and every later
-        #: one is counted.
-        self.learns = (countdown and not repeat and not self.counted
-                       and getattr(source, "same_shard_sizes_every_epoch", False))
+
+        def worker_dataset(index: int, epoch: Any) -> Any:
+            ds = dataset_fn(index, epoch)
+            return with_countdown(ds) if self.counted else ds
+
+        epoch_spec = tf.TensorSpec([], tf.int64)
+        self._concrete = [
+            tf.function(lambda e, i=i: worker_dataset(i, e), input_signature=[epoch_spec]).get_concrete_function()
+            for i in range(k)
+        ]
         per_shard = steps_for_shards(source.num_examples, k, None if source.batched else batch_size)
-        known = source.shard_sizes(k) if self.counted else None
-        #: Batches of each shard in every epoch, where they are sure (sizes the source
-        #: states, or counted in an epoch: `learn`); None else.
-        self.sure_steps = None if known is None else (known if source.batched else
-                                                       [-(-size // batch_size) for size in known])
-        self._build(None)
         #: Steps of one epoch (sum over shards), None if the size is unknown.
         self.steps = None if per_shard is None else sum(per_shard)
         #: Steps of each shard in one epoch (shard i is worker i's), None if unknown.
@@ -311,67 +303,18 @@ class PerWorkerInput:
         #: What the closures count until the epoch is complete: examples, or batches.
         self.expected = source.num_examples
         self._persistent = None
-        self._made: list[int] = [0] * k  # iterators made per worker for the current epoch
-        self._made_for: dict[int, list[int]] = {}
-        self._ahead: dict[int, Any] = {}  # the next epoch's iterators, made while this one runs
 
-    def _build(self, sizes: list[int] | None) -> None:
-        """One dataset function per worker; ``sizes``: batches per shard counted in an epoch
-        (`learn`), which tf.data does not know."""
+    def iterator(self, epoch: int) -> Any:
+        """Fresh finite iterators for ``epoch`` (one persistent repeated one with ``repeat``)."""
         import tensorflow as tf
 
-        def worker_dataset(index: int, epoch: Any) -> Any:
-            ds = self._dataset_fn(index, epoch)
-            if not self.counted:
-                return ds
-            return with_countdown(ds, None if sizes is None else sizes[index])
-
-        epoch_spec = tf.TensorSpec([], tf.int64)
-        self._concrete = [
-            tf.function(lambda e, i=i: worker_dataset(i, e), input_signature=[epoch_spec],
-                        autograph=False).get_concrete_function()
-            for i in range(self.num_shards)
-        ]
-
-    def learn(self, steps_per_shard: dict[int, int]) -> None:
-        """Take the batches each shard held in an epoch that ran whole (every shard to its
-        end, no worker's iterator made again meanwhile) as every later epoch's: those
-        epochs' steps are counted (`with_countdown`), no step is guarded."""
-        if not self.learns or any(n != 1 for n in self._made):
-            return
-        sizes = [steps_per_shard.get(i, 0) for i in range(self.num_shards)]
-        logger.info("the shards of this %s hold %s batches: later epochs count their steps "
-                    "instead of guarding each one.", type(self.source).__name__, sizes)
-        self.learns, self.counted, self.per_shard, self.sure_steps = False, True, sizes, sizes
-        self._build(sizes)
-        self._ahead = {e: self._make(e) for e in self._ahead}  # made uncounted: again, counted
-
-    def iterator(self, epoch: int, last: int | None = None) -> Any:
-        """Fresh finite iterators for ``epoch`` (one persistent repeated one with ``repeat``);
-        with ``last``, those of ``epoch + 1`` are made too, while this epoch runs."""
         if self.repeat and self._persistent is not None:
             return self._persistent
-        it = self._ahead.pop(epoch, None) or self._make(epoch)
-        self._ahead.clear()
-        if last is not None and epoch < last:
-            self._ahead[epoch + 1] = self._make(epoch + 1)
-        self._made = self._made_for.pop(epoch)
-        self._made_for = {e: n for e, n in self._made_for.items() if e in self._ahead}
+        makers = [lambda c=c: iter(c(tf.constant(epoch, tf.int64))) for c in self._concrete]
+        it = private.per_worker_iterator(self.coordinator, makers, self._concrete[0].structured_outputs)
         if self.repeat:
             self._persistent = it
         return it
-
-    def _make(self, epoch: int) -> Any:
-        import tensorflow as tf
-
-        made = self._made_for[epoch] = [0] * self.num_shards
-
-        def make(index: int, concrete: Any) -> Any:
-            made[index] += 1  # the coordinator makes it again for a recovered worker
-            return iter(concrete(tf.constant(epoch, tf.int64)))
-
-        makers = [lambda i=i, c=c: make(i, c) for i, c in enumerate(self._concrete)]
-        return private.per_worker_iterator(self.coordinator, makers, self._concrete[0].structured_outputs)
 
 
 class _Gathered:
@@ -626,13 +569,6 @@ class DynamicDatasetInput:
         """The size of every part but the epoch's last ones: the most whole runs within K
         (9 batches of 3 workers' runs for K=10), run unrolled like K (`steps_arg`)."""
         return max(self.per_run, k - k % self.per_run)
-
-
-def shards_can_fill(sizes: list[int], done: dict[int, int], in_flight: int, n: int) -> bool:
-    """True if a closure of ``n`` steps finds at least ``n`` batches left wherever it runs:
-    every shard (``sizes`` batches, ``done`` of them folded) holds ``n`` more past all
-    ``in_flight`` steps, which may all have gone to it."""
-    return all(size - done.get(i, 0) - in_flight >= n for i, size in enumerate(sizes))
 
 
 def steps_arg(n: int, k: int, offset: int = 0) -> Any:
@@ -978,62 +914,46 @@ class ParameterServerTrainer(Trainer):
         def counted_steps(iterator: Any, carry: tuple[Any, ...], num_steps: int, advance: Any, unroll: bool) -> Any:
             """Up to ``num_steps`` steps over a counted shard (`with_countdown`): one look at
             how many batches are left decides, for the whole closure, between the K steps
-            and the shard's last ``left`` steps (a graph loop, once per shard and epoch); no
-            step needs its own guard. Measured (1 worker + 1 ps, 3 rounds): one cond per
-            closure around its steps ran at about 0.9x the steps/s of none (a cond per step:
-            0.7-0.8x), so the chief sends closures it knows the shard can fill to
-            `sure_steps` instead (`ParameterServerTrainer._run`)."""
-            optional = iterator.get_next_as_optional()  # an empty shard stays empty
+            unguarded and the shard's last ``left`` steps (a graph loop, once per shard and
+            epoch); no step needs its own guard. Measured (a hand-written loop, CNN and MLP,
+            1 worker + 1 ps, 3 rounds): one cond per closure ran at the speed of none, one
+            per step at 0.7-0.8x."""
+            optional = iterator.get_next_as_optional()
+
+            def finished(c: tuple[Any, ...], flag: Any) -> tuple[Any, ...]:
+                return (c[0], tf.convert_to_tensor(flag), *c[2:])
 
             def some() -> tuple[Any, ...]:
-                left, first = optional.get_value()  # past the shard's end: left <= 0 (`with_countdown`)
+                left, first = optional.get_value()
+
+                def then(c: tuple[Any, ...], more: Any) -> tuple[Any, ...]:
+                    # ``more`` steps after the first, in a graph loop (written out: the
+                    # branches are traced as the Python they are, without AutoGraph).
+                    def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+                        return i + 1, advance(_Batches(iterator), c)
+
+                    return tf.while_loop(lambda i, _: i < more, body, (tf.zeros_like(more), c))[1]
 
                 def full() -> tuple[Any, ...]:
-                    return sure_steps(iterator, carry, num_steps, advance, unroll, (left, first))
+                    c, unroll_rest = first_step_then_decide(lambda: advance(_Batches(iterator, first), carry),
+                                                            num_steps, unroll)
+                    if unroll_rest:  # unrolled: see the module docstring
+                        for _ in range(num_steps - 1):
+                            c = advance(_Batches(iterator), c)
+                    else:
+                        c = then(c, tf.cast(num_steps - 1, left.dtype))
+                    return finished(c, tf.equal(left, tf.cast(num_steps, left.dtype)))
 
                 def rest() -> tuple[Any, ...]:
-                    return finished(then(iterator, advance(_Batches(iterator, first), carry), left - 1, advance), True)
+                    return finished(then(advance(_Batches(iterator, first), carry), left - 1), True)
 
-                def live() -> tuple[Any, ...]:
-                    return tf.cond(left >= tf.cast(num_steps, left.dtype), full, rest)
-
-                return tf.cond(left > 0, live, lambda: finished(carry, True))
+                return tf.cond(left >= tf.cast(num_steps, left.dtype), full, rest)
 
             return tf.cond(optional.has_value(), some, lambda: finished(carry, True))
 
-        def sure_steps(iterator: Any, carry: tuple[Any, ...], num_steps: Any, advance: Any, unroll: bool,
-                       element: Any = None) -> Any:
-            """``num_steps`` steps over a counted shard that holds at least that many batches
-            (the chief made sure: `ParameterServerTrainer._run`): no look, no guard; the
-            shard is finished if it held exactly these (or fewer: a closure re-run after its
-            worker was lost, which read on into the shard's batches again)."""
-            left, first = next(iterator) if element is None else element
-            c, unroll_rest = first_step_then_decide(lambda: advance(_Batches(iterator, first), carry),
-                                                    num_steps, unroll)
-            if unroll_rest:  # unrolled: see the module docstring
-                for _ in range(num_steps - 1):
-                    c = advance(_Batches(iterator), c)
-            else:
-                c = then(iterator, c, tf.cast(num_steps, left.dtype) - 1, advance)
-            return finished(c, left <= tf.cast(num_steps, left.dtype))
-
-        def finished(c: tuple[Any, ...], flag: Any) -> tuple[Any, ...]:
-            return (c[0], tf.convert_to_tensor(flag), *c[2:])
-
-        def then(iterator: Any, c: tuple[Any, ...], more: Any, advance: Any) -> tuple[Any, ...]:
-            """``more`` steps of a counted shard in a graph loop (written out: the branches
-            are traced as the Python they are, without AutoGraph)."""
-            def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-                return i + 1, advance(_Batches(iterator), c)
-
-            return tf.while_loop(lambda i, _: i < more, body, (tf.zeros_like(more), c))[1]
-
         def steps(iterator: Any, carry: tuple[Any, ...], num_steps: int, endless: bool, counted: bool,
                   advance: Any, unroll: bool = True) -> tuple[Any, ...]:
-            """``num_steps`` calls of ``advance(batches, carry, endless)``, one step of the mode;
-            ``counted`` and ``endless``: a counted shard the chief knows can fill them."""
-            if counted and endless:
-                return sure_steps(iterator, carry, num_steps, lambda it, c: advance(it, c, True), unroll)
+            """``num_steps`` calls of ``advance(batches, carry, endless)``, one step of the mode."""
             if counted:
                 return counted_steps(iterator, carry, num_steps, lambda it, c: advance(it, c, True), unroll)
             if isinstance(num_steps, tf.Tensor):  # a part's remainder (`steps_arg`): all in a graph loop
@@ -1179,11 +1099,11 @@ class ParameterServerTrainer(Trainer):
         fn = self._fn(training)
         dynamic = isinstance(inp, (DynamicInput, DynamicDatasetInput))
         stream = isinstance(inp, DynamicDatasetInput)
-        last = self._last_epoch if training else None  # one stream for the fit's epochs, or the next ready
+        last = self._last_epoch if training and stream else None  # one stream for the fit's epochs
         if isinstance(inp, DynamicInput):
             iterator = inp.full
         else:
-            iterator = inp.iterator(epoch, last if stream or steps is None else None)
+            iterator = inp.iterator(epoch, last) if stream else inp.iterator(epoch)
         if dynamic:
             # A resumed training epoch (steps: what is left of it) continues where its
             # checkpoint was; validation_steps takes the first steps.
@@ -1207,20 +1127,17 @@ class ParameterServerTrainer(Trainer):
             return inp.expected is not None and counted >= inp.expected
 
         done: dict[int, int] = {}  # steps folded per shard
-        lost = []  # closures whose results were lost with their workers
         # Where each shard's size is known, closures beyond what its shards still need are
         # not scheduled (see `_window`).
         per_shard = inp.per_shard if steps is None and not inp.endless else None
         if training:
             self.worker_steps = done
 
-
         def fold_oldest() -> None:
             n, rv = pending.popleft()
             try:
                 vector, logs = rv.fetch(), None
             except (tf.errors.UnavailableError, tf.errors.AbortedError):
-                lost.append(n)
                 # The closure ran (a failed one is re-run by the coordinator, and its
                 # value is set only by a run that finished), but its worker was lost
                 # before the chief copied the result off it. Its updates and steps are
@@ -1243,7 +1160,7 @@ class ParameterServerTrainer(Trainer):
 
         schedule = self._scheduler(fn, iterator)
 
-        stopped = by_hook = False
+        stopped = False
         while True:
             while not stopped and not complete() and len(pending) < self._window(per_shard, done):
                 n = k if steps is None else min(k, steps - scheduled)
@@ -1259,18 +1176,12 @@ class ParameterServerTrainer(Trainer):
                                       False, 0)
                     pending.append((n, rv))
                 else:  # every argument: a trace binds all
-                    # Sure: every shard holds n more steps past all those in flight, wherever
-                    # they run, so this closure runs unguarded (`sure_steps`); a lost result
-                    # leaves what its closure read unknown.
-                    sure = inp.counted and inp.sure_steps is not None and not lost and shards_can_fill(
-                        inp.sure_steps, done, sum(m for m, _ in pending), n)
-                    pending.append((n, schedule(steps_arg(n, k), inp.endless or sure, inp.counted, 0, None, 1, False, 0)))
+                    pending.append((n, schedule(steps_arg(n, k), inp.endless, inp.counted, 0, None, 1, False, 0)))
                 scheduled += n
             if not pending:
                 break
             fold_oldest()
-            by_hook = by_hook or (not stopped and hooks.stop())
-            stopped = stopped or by_hook
+            stopped = stopped or hooks.stop()
             if steps is None and complete():
                 stopped = True  # the rest in flight find their shards empty
             if not stopped and hooks.checkpoint_due(totals.steps):
@@ -1280,10 +1191,6 @@ class ParameterServerTrainer(Trainer):
                     fold_oldest()
                 self._after_train_epoch()
                 hooks.checkpoint_now()
-        counted = totals.count if by_examples else totals.steps
-        if (isinstance(inp, PerWorkerInput) and inp.learns and steps is None and not by_hook and not lost
-                and (len(exhausted) == self.num_workers or counted == inp.expected)):
-            inp.learn(done)
         return totals
 
     def _make_predict_fn(self, spec: Any) -> Any:

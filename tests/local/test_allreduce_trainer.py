@@ -80,6 +80,48 @@ elif mode == "uneven":
         return m
     bn = placement.build(bn_model, strategy)
     keras_distrib.fit(bn, (x, y), epochs=1, batch_size=30, verbose=0, strategy=strategy)
+    # Files dealt to workers, of uneven sizes tf.data does not know: the first epoch counts
+    # each step's examples, the later ones run on those counts, every example once.
+    import logging
+    from keras_distrib import data as kd
+    sizes, paths, first = [50, 130, 17, 203, 1, 88, 64], [], 0  # workers: 317, 131, 105 examples
+    for j, size in enumerate(sizes):
+        paths.append(os.path.join(out, f"ids-{j}.tfrecord"))
+        with tf.io.TFRecordWriter(f"{paths[-1]}.{rank}") as w:  # privately, then renamed: no half-written file
+            for i in range(first, first + size):
+                w.write(tf.train.Example(features=tf.train.Features(feature={
+                    "id": tf.train.Feature(float_list=tf.train.FloatList(value=[i]))})).SerializeToString())
+        os.replace(f"{paths[-1]}.{rank}", paths[-1])
+        first += size
+    n = sum(sizes)
+    def parse_batch(records):
+        v = tf.io.parse_example(records, {"id": tf.io.FixedLenFeature([1], tf.float32)})["id"]
+        return v / n, v[:, 0]
+    class Count(keras.metrics.Metric):
+        def __init__(self, name="count", **kw):
+            super().__init__(name=name, **kw)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.total.assign_add(tf.reduce_sum(tf.cast(sample_weight if sample_weight is not None else tf.ones_like(y_true), self.total.dtype)))
+        def result(self):
+            return self.total + 0.0
+    class IdSum(Count):
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            w = sample_weight if sample_weight is not None else tf.ones_like(y_true)
+            self.total.assign_add(tf.reduce_sum(tf.cast(y_true * w, self.total.dtype)))
+    def id_model():
+        m = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        m.compile(optimizer="sgd", loss="mae", metrics=[Count(), IdSum(name="idsum")])
+        return m
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("keras_distrib.trainers.allreduce").addHandler(handler)
+    files = kd.FileSource(paths, parse_batch=parse_batch, num_examples=n)
+    ids = placement.build(id_model, strategy)
+    h = keras_distrib.fit(ids, files, epochs=3, batch_size=30, validation_data=files, verbose=0, strategy=strategy)
+    result["files"] = {"history": h.history, "n": n, "step": int(trainer_for(ids, strategy).global_step.numpy()),
+                       "said": said}
     result["bn_state"] = hashlib.sha256(b"".join(np.asarray(v.value).tobytes()
                                                  for v in bn.non_trainable_variables)).hexdigest()
     try:  # the parameter-server-only option is refused with a hint
@@ -158,6 +200,23 @@ def test_uneven_data_three_workers_no_hang_nothing_dropped(uneven_results: list[
         assert r["eval"]["loss"] == pytest.approx(r["local_loss"], rel=1e-4)
         assert "ps_stale_reads=True needs a parameter-server layout" in r["stale_reads_error"]
         assert "HINT: drop ps_stale_reads" in r["stale_reads_error"]
+
+
+def test_files_are_counted_in_the_first_epoch_then_every_step_runs_on_its_count(
+        uneven_results: list[dict[str, Any]]) -> None:
+    """A FileSource (7 files, 317/131/105 examples over 3 workers, 10 per worker per step):
+    every example once in each of 3 epochs and validations (the padding rows carry weight 0,
+    so the count is of real examples), 32 steps per epoch, and the step counts learned once
+    for training and once for validation."""
+    for r in uneven_results:
+        files = r["files"]
+        n, h = files["n"], files["history"]
+        assert h["count"] == [n] * 3 and h["val_count"] == [n] * 3, h
+        assert h["idsum"] == [n * (n - 1) / 2] * 3 and h["val_idsum"] == [n * (n - 1) / 2] * 3, h
+        assert files["step"] == 3 * 32
+        learned = [m for m in files["said"] if "later ones run without counting" in m]
+        assert learned == ["every epoch of this FileSource has 32 steps: later ones run without counting each "
+                           "step's examples."] * 2, files["said"]
 
 
 def test_batchnorm_statistics_are_worker_zeros_on_every_worker(uneven_results: list[dict[str, Any]]) -> None:
