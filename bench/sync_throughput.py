@@ -16,7 +16,7 @@ each running bench/_train_jobs.py in lockstep; worker 0 reports. Same model, sam
 synthetic data, same global batch (split over the two workers; tf_keras input from a
 DatasetCreator sharded by input pipeline). Per model one launcher run; inside it every
 side alternates round by round, each round a fit of 2 epochs of S steps with epoch 2
-timed. Ratios are of steps/s, median and min-max over rounds.
+timed (the FileSource sides: 3 epochs, the third timed, after the first counted the shards). Ratios are of steps/s, median and min-max over rounds.
 """
 
 from __future__ import annotations
