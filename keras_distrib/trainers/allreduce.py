@@ -259,7 +259,7 @@ class EpochInput:
         self.learns = (self.counts is None and not repeat and own_step is None and not source.batched
                        and bool(per_replica) and pipelines == replicas
                        and getattr(source, "same_shard_sizes_every_epoch", False))
-        self.learned = False
+        self.learned = self._announce = False
         self._method = own_step[1] if own_step is not None else ""
         self._sizes: list[list[int]] | None = None
         if own_step is not None:
@@ -279,6 +279,11 @@ class EpochInput:
         if self.repeat and self._persistent is not None:
             return self._persistent
         if self.counts is not None and last is not None:
+            if self._announce:
+                self._announce = False
+                logger.info("every epoch of this %s has %d steps, counted in the first: this one and the later "
+                            "ones run without counting each step's examples.", type(self.source).__name__,
+                            len(self.counts))
             return self._stream.get(epoch, last)
         it = self._make(epoch)
         if self.repeat:
@@ -289,9 +294,8 @@ class EpochInput:
         """Take the examples of each step of an epoch that ran whole as every later epoch's:
         those run without a count per step, in one iterator (`iterator`)."""
         if self.learns and counts:
-            logger.info("every epoch of this %s has %d steps: later ones run without counting each step's "
-                        "examples.", type(self.source).__name__, len(counts))
             self.counts, self.learns, self.learned = counts, False, True
+            self._announce = True  # when the counts are first used: Keras' progress bar has ended its line
 
     def end_stream(self) -> None:
         """The epoch did not take all its batches: the next one starts a fresh iterator."""

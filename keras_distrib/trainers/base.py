@@ -181,9 +181,14 @@ class Trainer:
         for cb in hooks:
             cb.on_workers_changed(old, new)
 
-    def _save_checkpoint(self, keeper: CheckpointKeeper | None) -> None:
+    def _save_checkpoint(self, keeper: CheckpointKeeper | None, next_epoch: int) -> None:
+        """The checkpoint at an epoch's end: it records the start of ``next_epoch``, whatever
+        the steps per epoch were thought to be (files dealt whole to workers: estimated from
+        ``num_examples`` before the first epoch, and a resume once placed it mid-epoch)."""
         if keeper is not None:
-            keeper.save(int(self.global_step.numpy()))
+            step = int(self.global_step.numpy())
+            keeper.checkpointer.origin = (step, next_epoch)
+            keeper.save(step)
 
     # ------------------------------------------------------------ shared helpers
 
@@ -402,7 +407,7 @@ class Trainer:
                 logger.info(epoch_line(stats, epochs, self.epoch_stats[-2] if epoch > initial_epoch else None))
             # After the callbacks: the checkpoint holds their view of this epoch (best values,
             # a learning rate ReduceLROnPlateau just lowered).
-            self._save_checkpoint(keeper)
+            self._save_checkpoint(keeper, epoch + 1)
             if self._agree(bool(self.model.stop_training)):
                 break
         cbs.on_train_end(logs)
