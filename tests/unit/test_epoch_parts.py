@@ -117,3 +117,22 @@ def test_one_stream_serves_every_epoch_of_a_fit_until_dropped() -> None:
     stream.drop()
     assert stream.get(4, 5) == 4
     assert made == [(1, 4), (0, 4), (3, 5), (4, 5)]
+
+
+def test_an_epoch_end_is_saved_as_the_next_epochs_start() -> None:
+    """An epoch of files ran 73 steps where 61 were estimated from ``num_examples``: its
+    end is saved as the start of the next epoch, not 36 steps into it."""
+    from types import SimpleNamespace
+
+    from keras_distrib.checkpoints import position
+    from keras_distrib.trainers.base import Trainer
+
+    checkpointer = SimpleNamespace(origin=(0, 0), steps_per_epoch=61)
+    saved: list[tuple[int, int]] = []
+    keeper = SimpleNamespace(checkpointer=checkpointer,
+                             save=lambda step: saved.append(position(step, checkpointer.steps_per_epoch,
+                                                                     checkpointer.origin)))
+    trainer = SimpleNamespace(global_step=SimpleNamespace(numpy=lambda: 219))
+    Trainer._save_checkpoint(trainer, keeper, 3)  # type: ignore[arg-type]
+    assert saved == [(3, 0)]
+    assert position(219 + 30, 61, checkpointer.origin) == (3, 30)  # a mid-epoch save after it
