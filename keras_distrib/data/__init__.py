@@ -20,7 +20,7 @@ Nothing here imports TensorFlow at import time.
 
 from __future__ import annotations
 
-from ._private_apis import DERIVED_SEEDS_SCANNED, EPOCH_INPUT, derived_op_seed, seeded_graph
+from ._private_apis import DERIVED_SEEDS_SCANNED, EPOCH_INPUT, dataset_runs_python, derived_op_seed, seeded_graph
 from .arrays import ArraySource
 from .base import BaseSource, CustomSource, InputError, Source
 from .files import READ_CHUNK, FileSource
@@ -57,6 +57,7 @@ __all__ = [
     "shard_seed",
     "derived_op_seed",
     "seeded_graph",
+    "dataset_runs_python",
     "steps_for",
     "worker_rank",
     "map_nest",

@@ -85,6 +85,11 @@ def runs_python(graph_def: Any) -> bool:
     return any(op in _PYTHON_OPS for op in ops)
 
 
+def dataset_runs_python(dataset: Any) -> bool:
+    """`runs_python` of a dataset's own graph."""
+    return runs_python(dataset_graph_def(dataset))
+
+
 def ends_with_batch(graph_def: Any) -> bool:
     """True if the pipeline's last element-shaping op is a batch (not unbatch/slices).
 

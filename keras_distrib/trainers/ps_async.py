@@ -106,6 +106,7 @@ Design notes (why):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -147,9 +148,14 @@ PAST_THE_END = 1 << 62
 EPOCH_RUNS = 1 << 36
 
 
-def with_countdown(ds: Any) -> Any:
-    """``(left, element)`` for each element of the finite ``ds`` of known cardinality, where
-    ``left`` counts the elements left, this one included (the last one has 1)."""
+def with_countdown(ds: Any, size: int | None = None) -> Any:
+    """``(left, element)`` for each element of the finite ``ds`` of known cardinality (or of
+    ``size`` elements, counted in an earlier epoch: `PerWorkerInput.learn`), where ``left``
+    counts the elements left, this one included (the last one has 1)."""
+    import tensorflow as tf
+
+    if size is not None:  # another number of elements (the files changed) fails the closure
+        ds = ds.apply(tf.data.experimental.assert_cardinality(size))
     left = ds.cardinality()
     return ds.enumerate().map(lambda i, element: (left - i, element))
 
@@ -266,34 +272,38 @@ class PerWorkerInput:
 
     def __init__(self, coordinator: Any, source: Any, *, batch_size: int | None, shuffle: bool,
                  seed: int | None, repeat: bool, countdown: bool = False) -> None:
-        import tensorflow as tf
-
         self.coordinator = coordinator
         self.source = source
         self.repeat = repeat
-        k = len(private.coordinator_workers(coordinator))
+        k = self.num_shards = len(private.coordinator_workers(coordinator))
 
         def dataset_fn(index: int, epoch: Any) -> Any:
             return kd_data.pipeline(source, index, k, batch_size=batch_size, shuffle=shuffle,
                                     seed=seed, repeat=repeat, epoch=epoch)
 
+        self._dataset_fn = dataset_fn
         self.sample = dataset_fn(0, 0)  # local, for building metrics on the chief
         #: Each element comes as ``(batches left in the shard, counting it, batch)``: every
         #: shard's size is known to tf.data (the same pipeline on every worker, so shard 0's
         #: cardinality tells), and a closure then decides once whether its K steps can run
         #: unguarded (see `ParameterServerTrainer._make_fn`).
         self.counted = countdown and not repeat and int(self.sample.cardinality()) >= 0
-
-        def worker_dataset(index: int, epoch: Any) -> Any:
-            ds = dataset_fn(index, epoch)
-            return with_countdown(ds) if self.counted else ds
-
-        epoch_spec = tf.TensorSpec([], tf.int64)
-        self._concrete = [
-            tf.function(lambda e, i=i: worker_dataset(i, e), input_signature=[epoch_spec]).get_concrete_function()
-            for i in range(k)
-        ]
+        # A pipeline that calls the chief's Python keeps one closure kind per epoch: a
+        # second traced while it ran hung the chief in TF's Context.add_c_function.
+        python = kd_data.dataset_runs_python(self.sample)
+        #: The shards' sizes are unknown to tf.data but the same every epoch (files dealt
+        #: to workers): the first epoch that runs whole counts them (`learn`).
+        self.learns = (countdown and not repeat and not self.counted and not python
+                       and getattr(source, "same_shard_sizes_every_epoch", False))
+        self.learned = self._announce = False
         per_shard = steps_for_shards(source.num_examples, k, None if source.batched else batch_size)
+        known = source.shard_sizes(k) if self.counted and not python else None
+        #: Batches of each shard in every epoch, where they are sure (sizes the source
+        #: states, or counted: `learn`): the chief then sends closures that every shard can
+        #: fill unguarded (`shards_can_fill`). None else.
+        self.sure_steps = None if known is None else (known if source.batched else
+                                                       [-(-size // batch_size) for size in known])
+        self._build(None)
         #: Steps of one epoch (sum over shards), None if the size is unknown.
         self.steps = None if per_shard is None else sum(per_shard)
         #: Steps of each shard in one epoch (shard i is worker i's), None if unknown.
@@ -303,6 +313,35 @@ class PerWorkerInput:
         #: What the closures count until the epoch is complete: examples, or batches.
         self.expected = source.num_examples
         self._persistent = None
+        #: Iterators made per worker for the current epoch: more than one, a worker was
+        #: recovered and read its shard again, and the epoch teaches no sizes.
+        self.made = [0] * k
+
+    def _build(self, sizes: list[int] | None) -> None:
+        """One dataset function per worker (``sizes``: batches per shard, `learn`)."""
+        import tensorflow as tf
+
+        def worker_dataset(index: int, epoch: Any) -> Any:
+            ds = self._dataset_fn(index, epoch)
+            if not self.counted:
+                return ds
+            return with_countdown(ds, None if sizes is None else sizes[index])
+
+        epoch_spec = tf.TensorSpec([], tf.int64)
+        self._concrete = [
+            tf.function(lambda e, i=i: worker_dataset(i, e), input_signature=[epoch_spec]).get_concrete_function()
+            for i in range(self.num_shards)
+        ]
+
+    def learn(self, steps_per_shard: dict[int, int]) -> None:
+        """Take the batches each shard held in an epoch that ran whole as every later
+        epoch's: their closures look once (counted), or not at all (sure)."""
+        if not self.learns or any(n != 1 for n in self.made):
+            return
+        sizes = [steps_per_shard.get(i, 0) for i in range(self.num_shards)]
+        self.learns, self.learned, self._announce = False, True, True
+        self.counted, self.per_shard, self.sure_steps = True, sizes, sizes
+        self._build(sizes)
 
     def iterator(self, epoch: int) -> Any:
         """Fresh finite iterators for ``epoch`` (one persistent repeated one with ``repeat``)."""
@@ -310,7 +349,18 @@ class PerWorkerInput:
 
         if self.repeat and self._persistent is not None:
             return self._persistent
-        makers = [lambda c=c: iter(c(tf.constant(epoch, tf.int64))) for c in self._concrete]
+        if self._announce:
+            self._announce = False  # when first used: Keras' progress bar has ended its line
+            logger.info("the shards of this %s hold %s batches every epoch, counted in the first: this "
+                        "epoch and the later ones run without a guard per step.", type(self.source).__name__,
+                        self.sure_steps)
+        made = self.made = [0] * self.num_shards
+
+        def make(index: int, concrete: Any) -> Any:
+            made[index] += 1  # the coordinator makes it again for a recovered worker
+            return iter(concrete(tf.constant(epoch, tf.int64)))
+
+        makers = [lambda i=i, c=c: make(i, c) for i, c in enumerate(self._concrete)]
         it = private.per_worker_iterator(self.coordinator, makers, self._concrete[0].structured_outputs)
         if self.repeat:
             self._persistent = it
@@ -569,6 +619,30 @@ class DynamicDatasetInput:
         """The size of every part but the epoch's last ones: the most whole runs within K
         (9 batches of 3 workers' runs for K=10), run unrolled like K (`steps_arg`)."""
         return max(self.per_run, k - k % self.per_run)
+
+
+@contextlib.contextmanager
+def sizes_kept(inp: Any) -> Iterator[None]:
+    """A shard that no longer holds the batches counted in an earlier epoch (`PerWorkerInput.learn`):
+    an error that says so, not TensorFlow's."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.FailedPreconditionError as e:
+        if not getattr(inp, "learned", False) or "expected to contain" not in str(e):
+            raise
+        raise TrainerError(
+            f"a shard of this {type(inp.source).__name__} no longer holds the {inp.sure_steps} batches per "
+            f"worker counted in its first epoch ({e.message.splitlines()[0]}). HINT: keep the input's files "
+            "unchanged during training (steps_per_epoch= avoids the known-size path).") from None
+
+
+def shards_can_fill(sizes: list[int], done: dict[int, int], in_flight: int, n: int) -> bool:
+    """True if a closure of ``n`` steps finds at least ``n`` batches left wherever it runs:
+    every shard (``sizes`` batches, ``done`` of them folded) holds ``n`` more past all
+    ``in_flight`` steps, which may all have gone to it."""
+    return all(size - done.get(i, 0) - in_flight >= n for i, size in enumerate(sizes))
 
 
 def steps_arg(n: int, k: int, offset: int = 0) -> Any:
@@ -914,46 +988,57 @@ class ParameterServerTrainer(Trainer):
         def counted_steps(iterator: Any, carry: tuple[Any, ...], num_steps: int, advance: Any, unroll: bool) -> Any:
             """Up to ``num_steps`` steps over a counted shard (`with_countdown`): one look at
             how many batches are left decides, for the whole closure, between the K steps
-            unguarded and the shard's last ``left`` steps (a graph loop, once per shard and
-            epoch); no step needs its own guard. Measured (a hand-written loop, CNN and MLP,
-            1 worker + 1 ps, 3 rounds): one cond per closure ran at the speed of none, one
-            per step at 0.7-0.8x."""
+            and the shard's last ``left`` steps (a graph loop, once per shard and epoch); no
+            step needs its own guard. Measured (1 worker + 1 ps, the MLP, 3 rounds): one
+            cond per closure around its steps ran at 0.87x the steps/s of none (a cond per
+            step: 0.7-0.8x), so the chief sends the closures it knows the shard can fill
+            to `sure_steps` instead (`ParameterServerTrainer._run`)."""
             optional = iterator.get_next_as_optional()
-
-            def finished(c: tuple[Any, ...], flag: Any) -> tuple[Any, ...]:
-                return (c[0], tf.convert_to_tensor(flag), *c[2:])
 
             def some() -> tuple[Any, ...]:
                 left, first = optional.get_value()
 
-                def then(c: tuple[Any, ...], more: Any) -> tuple[Any, ...]:
-                    # ``more`` steps after the first, in a graph loop (written out: the
-                    # branches are traced as the Python they are, without AutoGraph).
-                    def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-                        return i + 1, advance(_Batches(iterator), c)
-
-                    return tf.while_loop(lambda i, _: i < more, body, (tf.zeros_like(more), c))[1]
-
                 def full() -> tuple[Any, ...]:
-                    c, unroll_rest = first_step_then_decide(lambda: advance(_Batches(iterator, first), carry),
-                                                            num_steps, unroll)
-                    if unroll_rest:  # unrolled: see the module docstring
-                        for _ in range(num_steps - 1):
-                            c = advance(_Batches(iterator), c)
-                    else:
-                        c = then(c, tf.cast(num_steps - 1, left.dtype))
-                    return finished(c, tf.equal(left, tf.cast(num_steps, left.dtype)))
+                    return sure_steps(iterator, carry, num_steps, advance, unroll, (left, first))
 
                 def rest() -> tuple[Any, ...]:
-                    return finished(then(advance(_Batches(iterator, first), carry), left - 1), True)
+                    return finished(then(iterator, advance(_Batches(iterator, first), carry), left - 1, advance), True)
 
                 return tf.cond(left >= tf.cast(num_steps, left.dtype), full, rest)
 
             return tf.cond(optional.has_value(), some, lambda: finished(carry, True))
 
+        def sure_steps(iterator: Any, carry: tuple[Any, ...], num_steps: int, advance: Any, unroll: bool,
+                       element: Any = None) -> Any:
+            """``num_steps`` steps over a counted shard that holds at least that many batches
+            (the chief made sure, or ``element``, the first, says so): no look, no guard."""
+            left, first = next(iterator) if element is None else element
+            c, unroll_rest = first_step_then_decide(lambda: advance(_Batches(iterator, first), carry),
+                                                    num_steps, unroll)
+            if unroll_rest:  # unrolled: see the module docstring
+                for _ in range(num_steps - 1):
+                    c = advance(_Batches(iterator), c)
+            else:
+                c = then(iterator, c, tf.cast(num_steps - 1, left.dtype), advance)
+            return finished(c, tf.equal(left, tf.cast(num_steps, left.dtype)))
+
+        def finished(c: tuple[Any, ...], flag: Any) -> tuple[Any, ...]:
+            return (c[0], tf.convert_to_tensor(flag), *c[2:])
+
+        def then(iterator: Any, c: tuple[Any, ...], more: Any, advance: Any) -> tuple[Any, ...]:
+            """``more`` steps of a counted shard in a graph loop (written out: the branches
+            are traced as the Python they are, without AutoGraph)."""
+            def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+                return i + 1, advance(_Batches(iterator), c)
+
+            return tf.while_loop(lambda i, _: i < more, body, (tf.zeros_like(more), c))[1]
+
         def steps(iterator: Any, carry: tuple[Any, ...], num_steps: int, endless: bool, counted: bool,
                   advance: Any, unroll: bool = True) -> tuple[Any, ...]:
-            """``num_steps`` calls of ``advance(batches, carry, endless)``, one step of the mode."""
+            """``num_steps`` calls of ``advance(batches, carry, endless)``, one step of the mode;
+            ``counted`` and ``endless``: a counted shard the chief knows can fill them."""
+            if counted and endless:
+                return sure_steps(iterator, carry, num_steps, lambda it, c: advance(it, c, True), unroll)
             if counted:
                 return counted_steps(iterator, carry, num_steps, lambda it, c: advance(it, c, True), unroll)
             if isinstance(num_steps, tf.Tensor):  # a part's remainder (`steps_arg`): all in a graph loop
@@ -985,7 +1070,8 @@ class ParameterServerTrainer(Trainer):
             # unrolled; a part's remainder is a tensor (`steps_arg`): one graph loop traced
             # once for every remainder size.
             # endless: every shard repeats and is not empty, so no step needs a guard.
-            # counted: each element carries how many are left in its shard (`with_countdown`).
+            # counted: each element carries how many are left in its shard (`with_countdown`);
+            # with endless, the chief knows the shard holds num_steps more (`shards_can_fill`).
             # rows: the part of the epoch the chief handed out (`DynamicInput`): the rows
             # of its num_steps batches of batch_size, gathered from the whole arrays.
             # rows, a scalar: the number of the first batch of this closure's part of a
@@ -1076,8 +1162,7 @@ class ParameterServerTrainer(Trainer):
 
         traces: dict[tuple[Any, ...], Any] = {}
 
-        def schedule(*constants: Any) -> Any:
-            args = (iterator, self._shard_ids, *constants)
+        def trace(*constants: Any) -> Any:
             # Tensors (a part's rows) traced at any length: a part's last batch may be short,
             # and one trace per length was one more trace of the whole chunk per shard size.
             key = tuple(("tensor", c.shape.rank) if isinstance(c, tf.Tensor) else c for c in constants)
@@ -1087,8 +1172,12 @@ class ParameterServerTrainer(Trainer):
                                                      if isinstance(c, tf.Tensor) else c for c in constants))
                 traces[key] = private.scheduled_concrete_function(self.coordinator, fn, spec)
                 logger.debug("the trace of a closure for %s: %.2f s", key, time.perf_counter() - started)
-            return self.coordinator.schedule(traces[key], args=args)
+            return traces[key]
 
+        def schedule(*constants: Any) -> Any:
+            return self.coordinator.schedule(trace(*constants), args=(iterator, self._shard_ids, *constants))
+
+        schedule.trace = trace  # type: ignore[attr-defined]
         return schedule
 
     def _run(self, inp: PerWorkerInput, epoch: int, *, training: bool, steps: int | None,
@@ -1132,12 +1221,15 @@ class ParameterServerTrainer(Trainer):
         per_shard = inp.per_shard if steps is None and not inp.endless else None
         if training:
             self.worker_steps = done
+        lost = []  # closures whose results were lost with their workers
+        sure_steps = inp.sure_steps if isinstance(inp, PerWorkerInput) and steps is None else None
 
         def fold_oldest() -> None:
             n, rv = pending.popleft()
             try:
                 vector, logs = rv.fetch(), None
             except (tf.errors.UnavailableError, tf.errors.AbortedError):
+                lost.append(n)  # where its steps ran is unknown: no closure is sure any more
                 # The closure ran (a failed one is re-run by the coordinator, and its
                 # value is set only by a run that finished), but its worker was lost
                 # before the chief copied the result off it. Its updates and steps are
@@ -1159,38 +1251,52 @@ class ParameterServerTrainer(Trainer):
                 hooks.after(totals.steps - 1, totals)
 
         schedule = self._scheduler(fn, iterator)
+        if sure_steps is not None:
+            # Both kinds traced before the epoch's first closure: see `PerWorkerInput`.
+            for sure in (True, False):
+                schedule.trace(k, sure, True, 0, None, 1, False, 0)
 
-        stopped = False
-        while True:
-            while not stopped and not complete() and len(pending) < self._window(per_shard, done):
-                n = k if steps is None else min(k, steps - scheduled)
-                hooks.before(totals.steps + sum(m for m, _ in pending))
-                if dynamic:  # the next part of the epoch, to whichever worker is free
-                    n, part = next(parts)
-                    if stream:
-                        offset, first = inp.offset(part), tf.constant(inp.first_batch(epoch, part), tf.int64)
-                        rv = schedule(steps_arg(n, inp.full_part(k), offset), True, False, 0, first, inp.per_run,
-                                      inp.stacked, offset)
-                    else:
-                        rv = schedule(steps_arg(n, k), True, False, inp.batch_size, tf.constant(part, tf.int64), 1,
-                                      False, 0)
-                    pending.append((n, rv))
-                else:  # every argument: a trace binds all
-                    pending.append((n, schedule(steps_arg(n, k), inp.endless, inp.counted, 0, None, 1, False, 0)))
-                scheduled += n
-            if not pending:
-                break
-            fold_oldest()
-            stopped = stopped or hooks.stop()
-            if steps is None and complete():
-                stopped = True  # the rest in flight find their shards empty
-            if not stopped and hooks.checkpoint_due(totals.steps):
-                # A mid-epoch checkpoint (or a preemption): let the closures in flight land
-                # so the saved step counter is exact, then save (and stop if preempted).
-                while pending:  # every part before the checkpoint has run
-                    fold_oldest()
-                self._after_train_epoch()
-                hooks.checkpoint_now()
+        stopped = by_hook = False
+        with sizes_kept(inp):
+            while True:
+                while not stopped and not complete() and len(pending) < self._window(per_shard, done):
+                    n = k if steps is None else min(k, steps - scheduled)
+                    hooks.before(totals.steps + sum(m for m, _ in pending))
+                    if dynamic:  # the next part of the epoch, to whichever worker is free
+                        n, part = next(parts)
+                        if stream:
+                            offset, first = inp.offset(part), tf.constant(inp.first_batch(epoch, part), tf.int64)
+                            rv = schedule(steps_arg(n, inp.full_part(k), offset), True, False, 0, first, inp.per_run,
+                                          inp.stacked, offset)
+                        else:
+                            rv = schedule(steps_arg(n, k), True, False, inp.batch_size, tf.constant(part, tf.int64), 1,
+                                          False, 0)
+                        pending.append((n, rv))
+                    else:  # every argument: a trace binds all
+                        # Sure: every shard holds n more steps past all those in flight, wherever
+                        # they run, so this closure runs unguarded (`sure_steps`).
+                        sure = sure_steps is not None and not lost and shards_can_fill(
+                            sure_steps, done, sum(m for m, _ in pending), n)
+                        pending.append((n, schedule(steps_arg(n, k), inp.endless or sure, inp.counted, 0, None, 1,
+                                                    False, 0)))
+                    scheduled += n
+                if not pending:
+                    break
+                fold_oldest()
+                by_hook = by_hook or (not stopped and hooks.stop())
+                stopped = stopped or by_hook
+                if steps is None and complete():
+                    stopped = True  # the rest in flight find their shards empty
+                if not stopped and hooks.checkpoint_due(totals.steps):
+                    # A mid-epoch checkpoint (or a preemption): let the closures in flight land
+                    # so the saved step counter is exact, then save (and stop if preempted).
+                    while pending:  # every part before the checkpoint has run
+                        fold_oldest()
+                    self._after_train_epoch()
+                    hooks.checkpoint_now()
+        if (isinstance(inp, PerWorkerInput) and inp.learns and steps is None and not by_hook and not lost
+                and len(exhausted) == self.num_workers):
+            inp.learn(done)  # every shard ran to its end in this epoch
         return totals
 
     def _make_predict_fn(self, spec: Any) -> Any:

@@ -415,6 +415,141 @@ def test_arrays_are_handed_out_dynamically_and_other_inputs_keep_fixed_shards(st
     assert kind((ids, ids)) is PerWorkerInput
 
 
+def id_model() -> Any:
+    """A model fed example ids (x = id / n, y = id) whose metrics count the examples and sum their
+    ids: an example seen twice or missed in an epoch changes one of them."""
+    import keras
+    import tensorflow as tf
+
+    class Count(keras.metrics.Metric):
+        def __init__(self, name: str = "count", **kw: Any) -> None:
+            super().__init__(name=name, **kw)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+            self.total.assign_add(tf.cast(tf.shape(y_true)[0], self.total.dtype))
+
+        def result(self) -> Any:
+            return self.total + 0.0
+
+    class IdSum(Count):
+        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+            self.total.assign_add(tf.reduce_sum(tf.cast(y_true, self.total.dtype)))
+
+    m = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    m.compile(optimizer="sgd", loss="mae", metrics=[Count(), IdSum(name="idsum")])  # bounded gradients
+    return m
+
+
+def write_ids(path: Path, first: int, size: int) -> None:
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for i in range(first, first + size):
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "id": tf.train.Feature(float_list=tf.train.FloatList(value=[i]))})).SerializeToString())
+
+
+def id_files(tmp_path: Path, sizes: list[int]) -> Any:
+    """A FileSource of ``len(sizes)`` TFRecord files of consecutive example ids (for `id_model`)."""
+    import tensorflow as tf
+
+    from keras_distrib import data as kd
+
+    n, paths = sum(sizes), []
+    for j, size in enumerate(sizes):
+        paths.append(tmp_path / f"ids-{j}.tfrecord")
+        write_ids(paths[-1], sum(sizes[:j]), size)
+
+    def parse_batch(records: Any) -> Any:
+        v = tf.io.parse_example(records, {"id": tf.io.FixedLenFeature([1], tf.float32)})["id"]
+        return v / n, v[:, 0]
+
+    return kd.FileSource([str(p) for p in paths], parse_batch=parse_batch, num_examples=n)
+
+
+@pytest.mark.parametrize("kind", ["files", "arrays_fixed_shards"])
+def test_shards_counted_once_then_closures_they_can_fill_run_unguarded(strategy: Any, tmp_path: Path, kind: str,
+                                                                       monkeypatch: Any) -> None:
+    """Files dealt to workers (sizes tf.data does not know, uneven: 132 and 421 examples)
+    are counted in the first epoch; from then on the chief sends a closure unguarded when
+    every shard can fill it (`shards_can_fill`), the shards' tails guarded. Arrays in fixed
+    shards (tf.data knows their sizes) take the same path from the start. Every example once
+    per epoch, in training and validation, and the step counter equals the steps run."""
+    import tensorflow as tf
+
+    import keras_distrib
+    from keras_distrib import data as kd
+    from keras_distrib.trainers import ps_async
+
+    sizes = [50, 130, 17, 203, 1, 88, 64]  # file j to worker j % 2: 132 and 421 examples
+    n = sum(sizes)
+    ids = np.arange(n, dtype=np.float32)
+    if kind == "files":
+        data = id_files(tmp_path, sizes)
+        shards = [132, 421]
+    else:
+        data = kd.ArraySource((ids.reshape(-1, 1) / n, ids))
+        shards = [277, 276]
+    model = build(strategy, id_model)
+    trainer = trainer_for(model)
+    trainer.dynamic_epochs = kind == "files"  # arrays: the fixed shards, not the dynamic hand-out
+    sure: list[bool] = []
+    real = ps_async.shards_can_fill
+
+    def spy(*args: Any) -> bool:
+        sure.append(real(*args))
+        return sure[-1]
+
+    monkeypatch.setattr(ps_async, "shards_can_fill", spy)  # `_run` looks it up in the module
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("keras_distrib.trainers.ps_async").addHandler(handler)  # keras_distrib's loggers do not propagate
+    try:
+        history = keras_distrib.fit(model, data, epochs=4, batch_size=8, shuffle=True, validation_data=data,
+                                    steps_per_execution=4, verbose=0, strategy=strategy)
+        h = history.history
+        assert h["count"] == [n] * 4 and h["idsum"] == [n * (n - 1) / 2] * 4, h
+        assert h["val_count"] == [n] * 4 and h["val_idsum"] == [n * (n - 1) / 2] * 4, h
+        steps = sum(-(-size // 8) for size in shards)  # 17 + 53 (files), 35 + 35 (arrays)
+        assert int(trainer.global_step.numpy()) == 4 * steps
+        assert sure.count(True) > 0 and sure.count(False) > 0  # unguarded closures, then the shards' tails
+        counted = [m for m in said if "counted in the first: this epoch and the later ones run without a guard" in m]
+        assert len(counted) == (2 if kind == "files" else 0)  # training's and validation's, once each
+        assert all(f"hold [{-(-shards[0] // 8)}, {-(-shards[1] // 8)}] batches every epoch" in m for m in counted)
+    finally:
+        logging.getLogger("keras_distrib.trainers.ps_async").removeHandler(handler)
+
+
+def test_files_changed_after_their_count_stop_the_fit_with_a_hint(strategy: Any, tmp_path: Path) -> None:
+    """A file shortened after the epoch that counted the shards: the next epoch ends in an
+    error that says so, not a short epoch or TensorFlow's message; the cluster trains on."""
+    import keras
+
+    import keras_distrib
+    from keras_distrib.trainers import TrainerError
+
+    sizes = [50, 130, 17, 203, 1, 88, 64]
+    data = id_files(tmp_path, sizes)
+
+    class Shorten(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if epoch == 0:
+                write_ids(Path(data.files[0]), 0, 20)  # worker 0's shard: 132 -> 102 examples
+
+    model = build(strategy, id_model)
+    with pytest.raises(TrainerError, match=r"no longer holds the \[17, 53\] batches per worker counted in its first "
+                                           r"epoch .*HINT: keep the input's files unchanged"):
+        keras_distrib.fit(model, data, epochs=3, batch_size=8, steps_per_execution=4, verbose=0,
+                          callbacks=[Shorten()], strategy=strategy)
+    again = tmp_path / "again"
+    again.mkdir()
+    history = keras_distrib.fit(build(strategy, id_model), id_files(again, [30, 40]), epochs=2, batch_size=8,
+                                verbose=0, strategy=strategy)
+    assert history.history["count"] == [70, 70]
+
+
 @pytest.mark.parametrize("workers", [2, 3])
 def test_a_tf_data_stream_holds_the_batches_of_the_fixed_shards(strategy: Any, workers: int) -> None:
     """`DynamicDatasetInput`'s numbered stream (what every worker reads) is, batch for batch,

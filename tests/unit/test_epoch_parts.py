@@ -136,3 +136,43 @@ def test_an_epoch_end_is_saved_as_the_next_epochs_start() -> None:
     Trainer._save_checkpoint(trainer, keeper, 3)  # type: ignore[arg-type]
     assert saved == [(3, 0)]
     assert position(219 + 30, 61, checkpointer.origin) == (3, 30)  # a mid-epoch save after it
+
+
+@pytest.mark.parametrize("sizes, k, window", [
+    ([17, 53], 4, 8), ([53, 17], 4, 8), ([5, 5], 10, 8), ([0, 31], 3, 4), ([30, 30, 30], 10, 12),
+    ([1, 44, 7], 5, 12), ([100], 10, 4), ([9, 10, 11], 10, 12),
+])
+def test_an_unguarded_closure_never_finds_its_shard_short(sizes: list[int], k: int, window: int) -> None:
+    """The chief sends a closure unguarded only when every shard can fill it past all the
+    steps in flight (`shards_can_fill`). Simulated: the coordinator's queue hands closures
+    out oldest first, each to whichever worker is free (here: a random one), and `_run`
+    folds them oldest first, at random moments; a guarded closure runs what its worker's
+    shard has left. No unguarded closure finds fewer batches
+    than its steps, every shard is drained, and all but each shard's tail runs unguarded."""
+    from keras_distrib.trainers.ps_async import shards_can_fill
+
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        left, done, pending = list(sizes), {}, []  # pending: [steps, sure, worker or None, steps run]
+        unguarded = guarded = 0
+        while any(left) or pending:
+            if any(left) and len(pending) < window:
+                in_flight = sum(p[0] for p in pending)
+                sure = shards_can_fill(sizes, done, in_flight, k)
+                pending.append([k, sure, None, 0])
+                unguarded, guarded = unguarded + sure, guarded + (not sure)
+                continue
+            waiting = [p for p in pending if p[2] is None]
+            if waiting and (rng.random() < 0.6 or pending[0][2] is None):
+                p = waiting[0]
+                p[2] = int(rng.integers(len(sizes)))
+                if p[1]:
+                    assert left[p[2]] >= p[0], (seed, sizes, left, p)
+                p[3] = min(p[0], left[p[2]])
+                left[p[2]] -= p[3]
+            else:
+                steps, _, worker, ran = pending.pop(0)
+                done[worker] = done.get(worker, 0) + ran
+        assert done == {i: s for i, s in enumerate(sizes) if i in done} and sum(done.values()) == sum(sizes)
+        if min(sizes) >= k * (window + 1):
+            assert unguarded > guarded
