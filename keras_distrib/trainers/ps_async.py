@@ -311,12 +311,15 @@ class PerWorkerInput:
         self._build(None)
         #: Steps of one epoch (sum over shards), None if the size is unknown.
         self.steps = None if per_shard is None else sum(per_shard)
+        # Files are dealt whole: num_examples dealt by example is not their shards' sizes,
+        # and an epoch ends where every worker's files end (as in all-reduce).
+        whole_files = getattr(source, "same_shard_sizes_every_epoch", False) and not repeat
         #: Steps of each shard in one epoch (shard i is worker i's), None if unknown.
-        self.per_shard = per_shard
+        self.per_shard = None if whole_files else per_shard
         #: The iterators repeat and no shard is empty: a step can never find its input ended.
         self.endless = repeat and per_shard is not None and min(per_shard) > 0
         #: What the closures count until the epoch is complete: examples, or batches.
-        self.expected = source.num_examples
+        self.expected = None if whole_files else source.num_examples
         self._persistent = None
         #: Iterators made per worker for the current epoch: more than one, a worker was
         #: recovered and read its shard again, and the epoch teaches no sizes.
