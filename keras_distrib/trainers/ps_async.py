@@ -165,6 +165,20 @@ def with_countdown(ds: Any, size: int | None = None) -> Any:
     return ds.enumerate().map(lambda i, element: (left - i, element))
 
 
+def without_autotune(ds: Any, source: Any) -> Any:
+    """``ds`` without tf.data's autotuning, unless the user's dataset sets it: a fresh
+    pipeline each epoch under autotuning stalled the epoch's first closure about 1 s in 1
+    epoch of 4 (docs/performance.md); without it, AUTOTUNE settings keep tf.data's defaults."""
+    import tensorflow as tf
+
+    dataset = getattr(source, "dataset", None)
+    if dataset is not None and dataset.options().autotune.enabled is not None:
+        return ds
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
 class _Batches:
     """The batches of a counted iterator (`with_countdown`), ``first`` (already fetched)
     first; an iterator for the trace-time Python of the steps, as ``next()`` calls."""
@@ -331,6 +345,8 @@ class PerWorkerInput:
 
         def worker_dataset(index: int, epoch: Any) -> Any:
             ds = self._dataset_fn(index, epoch)
+            if not self.repeat:  # a fresh pipeline each epoch
+                ds = without_autotune(ds, self.source)
             if not self.counted:
                 return ds
             return with_countdown(ds, None if sizes is None else sizes[index])
@@ -520,8 +536,6 @@ class DynamicDatasetInput:
             batch = batch[0] if len(batch) == 1 else batch  # tf.data spreads a tuple over arguments
             return tf.shape(tf.nest.flatten(batch)[0])[0], batch
 
-        autotune = source.dataset.options().autotune.enabled  # None: the user did not set it
-
         def one_epoch(epoch: Any) -> Any:
             order = kd_data.Order(shuffle=shuffle, seed=seed, epoch=epoch)
             ds = source.epoch_elements(0, 1, order)  # the whole epoch, in the order every worker draws
@@ -540,15 +554,7 @@ class DynamicDatasetInput:
             # stream that a re-run part finds at its end reads as "behind", not an error.
             empty = tf.nest.map_structure(empty_like, ds.element_spec[1])
             end = tf.data.Dataset.from_tensors((tf.constant(PAST_THE_END, tf.int64), empty)).repeat()
-            ds = ds.prefetch(tf.data.AUTOTUNE).concatenate(end)
-            if autotune is None:
-                # A fresh stream each epoch under tf.data's autotuning stalled the epoch's
-                # first closure about 1 s in 1 epoch of 4 (docs/performance.md); without it,
-                # AUTOTUNE settings keep tf.data's defaults. A user's own setting is kept.
-                options = tf.data.Options()
-                options.autotune.enabled = False
-                ds = ds.with_options(options)
-            return ds
+            return without_autotune(ds.prefetch(tf.data.AUTOTUNE).concatenate(end), source)
 
         self.sample = kd_data.pipeline(source, 0, 1, batch_size=batch_size, shuffle=False, seed=seed,
                                        repeat=False)  # for the chief's metrics
