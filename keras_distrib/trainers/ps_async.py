@@ -56,8 +56,9 @@ Design notes (why):
   K steps unguarded, or the shard's last few in a graph loop. That one look still cost
   10 % (0.87x ``steps_per_epoch``), so the chief sends a closure without it whenever
   every shard holds its K steps past all the steps in flight (`shards_can_fill`: 0.99x).
-  Files dealt to workers are counted in their first whole epoch (`PerWorkerInput.learn`)
-  and run so from then on. Inputs whose shard size tf.data does not know (a user's
+  Files dealt to workers are counted in their first whole epoch (`PerWorkerInput.learn`);
+  later epochs send such closures as the unguarded steps of ``steps_per_epoch`` (one more
+  trace) and keep the guarded ones (the first epoch's trace) for the shards' tails. Inputs whose shard size tf.data does not know (a user's
   ``tf.data`` rebuilt from its graph, PyDataset) keep a guard per step, and pipelines
   that call the chief's Python keep one closure kind per epoch (a second one traced
   while such a pipeline ran hung the chief in TF's ``Context.add_c_function``).
@@ -153,14 +154,9 @@ PAST_THE_END = 1 << 62
 EPOCH_RUNS = 1 << 36
 
 
-def with_countdown(ds: Any, size: int | None = None) -> Any:
-    """``(left, element)`` for each element of the finite ``ds`` of known cardinality (or of
-    ``size`` elements, counted in an earlier epoch: `PerWorkerInput.learn`), where ``left``
-    counts the elements left, this one included (the last one has 1)."""
-    import tensorflow as tf
-
-    if size is not None:  # another number of elements (the files changed) fails the closure
-        ds = ds.apply(tf.data.experimental.assert_cardinality(size))
+def with_countdown(ds: Any) -> Any:
+    """``(left, element)`` for each element of the finite ``ds`` of known cardinality, where
+    ``left`` counts the elements left, this one included (the last one has 1)."""
     left = ds.cardinality()
     return ds.enumerate().map(lambda i, element: (left - i, element))
 
@@ -291,6 +287,8 @@ class PerWorkerInput:
 
     def __init__(self, coordinator: Any, source: Any, *, batch_size: int | None, shuffle: bool,
                  seed: int | None, repeat: bool, countdown: bool = False) -> None:
+        import tensorflow as tf
+
         self.coordinator = coordinator
         self.source = source
         self.repeat = repeat
@@ -300,7 +298,6 @@ class PerWorkerInput:
             return kd_data.pipeline(source, index, k, batch_size=batch_size, shuffle=shuffle,
                                     seed=seed, repeat=repeat, epoch=epoch)
 
-        self._dataset_fn = dataset_fn
         self.sample = dataset_fn(0, 0)  # local, for building metrics on the chief
         #: Each element comes as ``(batches left in the shard, counting it, batch)``: every
         #: shard's size is known to tf.data (the same pipeline on every worker, so shard 0's
@@ -318,11 +315,10 @@ class PerWorkerInput:
         per_shard = steps_for_shards(source.num_examples, k, None if source.batched else batch_size)
         known = source.shard_sizes(k) if self.counted and not python else None
         #: Batches of each shard in every epoch, where they are sure (sizes the source
-        #: states, or counted: `learn`): the chief then sends closures that every shard can
-        #: fill unguarded (`shards_can_fill`). None else.
+        #: states, or counted: `learn`): the chief then sends the closures that every shard
+        #: can fill without a look or a guard (`shards_can_fill`). None else.
         self.sure_steps = None if known is None else (known if source.batched else
                                                        [-(-size // batch_size) for size in known])
-        self._build(None)
         #: Steps of one epoch (sum over shards), None if the size is unknown.
         self.steps = None if per_shard is None else sum(per_shard)
         # Files are dealt whole: num_examples dealt by example is not their shards' sizes,
@@ -339,33 +335,30 @@ class PerWorkerInput:
         #: recovered and read its shard again, and the epoch teaches no sizes.
         self.made = [0] * k
 
-    def _build(self, sizes: list[int] | None) -> None:
-        """One dataset function per worker (``sizes``: batches per shard, `learn`)."""
-        import tensorflow as tf
-
         def worker_dataset(index: int, epoch: Any) -> Any:
-            ds = self._dataset_fn(index, epoch)
-            if not self.repeat:  # a fresh pipeline each epoch
-                ds = without_autotune(ds, self.source)
-            if not self.counted:
-                return ds
-            return with_countdown(ds, None if sizes is None else sizes[index])
+            ds = dataset_fn(index, epoch)
+            if not repeat:  # a fresh pipeline each epoch
+                ds = without_autotune(ds, source)
+            return with_countdown(ds) if self.counted else ds
 
         epoch_spec = tf.TensorSpec([], tf.int64)
         self._concrete = [
             tf.function(lambda e, i=i: worker_dataset(i, e), input_signature=[epoch_spec]).get_concrete_function()
-            for i in range(self.num_shards)
+            for i in range(k)
         ]
 
-    def learn(self, steps_per_shard: dict[int, int]) -> None:
+    def learn(self, steps_per_shard: dict[int, int], least: int) -> None:
         """Take the batches each shard held in an epoch that ran whole as every later
-        epoch's: their closures look once (counted), or not at all (sure)."""
+        epoch's, if every shard holds at least ``least`` (else closures could hardly ever be
+        sure, and their own trace would cost more than they save)."""
         if not self.learns or any(n != 1 for n in self.made):
             return
+        self.learns = False
         sizes = [steps_per_shard.get(i, 0) for i in range(self.num_shards)]
-        self.learns, self.learned, self._announce = False, True, True
-        self.counted, self.per_shard, self.sure_steps = True, sizes, sizes
-        self._build(sizes)
+        if min(sizes) < least:
+            logger.debug("shards of %s batches: each step keeps its guard", sizes)
+            return
+        self.learned, self._announce, self.per_shard, self.sure_steps = True, True, sizes, sizes
 
     def iterator(self, epoch: int) -> Any:
         """Fresh finite iterators for ``epoch`` (one persistent repeated one with ``repeat``)."""
@@ -373,11 +366,11 @@ class PerWorkerInput:
 
         if self.repeat and self._persistent is not None:
             return self._persistent
-        if self._announce:
-            self._announce = False  # when first used: Keras' progress bar has ended its line
-            logger.info("the shards of this %s hold %s batches every epoch, counted in the first: this "
-                        "epoch and the later ones run without a guard per step.", type(self.source).__name__,
-                        self.sure_steps)
+        if self._announce:  # when first used: Keras' progress bar has ended its line
+            self._announce = False
+            logger.info("the shards of this %s hold %s batches every epoch, counted in the first: this epoch "
+                        "and the later ones run without a guard up to each shard's last few steps.",
+                        type(self.source).__name__, self.sure_steps)
         made = self.made = [0] * self.num_shards
 
         def make(index: int, concrete: Any) -> Any:
@@ -635,29 +628,33 @@ class DynamicDatasetInput:
         return max(self.per_run, k - k % self.per_run)
 
 
+def files_changed(inp: Any, held: Any) -> TrainerError:
+    return TrainerError(
+        f"the shards of this {type(inp.source).__name__} no longer hold the {inp.sure_steps} batches per worker "
+        f"counted in its first epoch ({held}). HINT: keep the input's files unchanged during training "
+        "(steps_per_epoch= avoids the counted path).")
+
+
 @contextlib.contextmanager
 def sizes_kept(inp: Any, coordinator: Any) -> Iterator[None]:
-    """A shard that no longer holds the batches counted in an earlier epoch (`PerWorkerInput.learn`):
-    an error that says so, not TensorFlow's."""
+    """A shard shorter than counted in an earlier epoch (`PerWorkerInput.learn`): an error
+    that says so, not TensorFlow's end of sequence."""
     import tensorflow as tf
 
     try:
         yield
-    except tf.errors.FailedPreconditionError as e:
-        if not getattr(inp, "learned", False) or "expected to contain" not in str(e):
+    except tf.errors.OutOfRangeError:
+        if not getattr(inp, "learned", False):
             raise
-        # Every closure in flight found the shard short too: their errors, raised by the
-        # coordinator one at a time, would fail the next fit's first closure.
+        # Closures in flight may have failed too: their errors, raised by the coordinator
+        # one at a time, would fail the next fit's first closure.
         for _ in range(1 + 4 * len(private.coordinator_workers(coordinator))):
             try:
                 coordinator.join()
                 break
             except tf.errors.OpError:
                 continue
-        raise TrainerError(
-            f"a shard of this {type(inp.source).__name__} no longer holds the {inp.sure_steps} batches per "
-            f"worker counted in its first epoch ({e.message.splitlines()[0]}). HINT: keep the input's files "
-            "unchanged during training (steps_per_epoch= avoids the known-size path).") from None
+        raise files_changed(inp, "a closure found its shard's end early") from None
 
 
 def shards_can_fill(sizes: list[int], done: dict[int, int], in_flight: int, n: int) -> bool:
@@ -1245,6 +1242,11 @@ class ParameterServerTrainer(Trainer):
             self.worker_steps = done
         lost = []  # closures whose results were lost with their workers
         sure_steps = inp.sure_steps if isinstance(inp, PerWorkerInput) and steps is None else None
+        window = self._window()
+        if sure_steps is not None and not shards_can_fill(sure_steps, {}, k * window, k):
+            # Hardly a closure could be sure (shards within a window of their ends): one
+            # closure kind, one trace.
+            sure_steps = None
 
         def fold_oldest() -> None:
             n, rv = pending.popleft()
@@ -1276,7 +1278,7 @@ class ParameterServerTrainer(Trainer):
         if sure_steps is not None:
             # Both kinds traced before the epoch's first closure: see `PerWorkerInput`.
             for sure in (True, False):
-                schedule.trace(k, sure, True, 0, None, 1, False, 0)
+                schedule.trace(k, sure, inp.counted, 0, None, 1, False, 0)
 
         stopped = by_hook = False
         with sizes_kept(inp, self.coordinator):
@@ -1296,7 +1298,8 @@ class ParameterServerTrainer(Trainer):
                         pending.append((n, rv))
                     else:  # every argument: a trace binds all
                         # Sure: every shard holds n more steps past all those in flight, wherever
-                        # they run, so this closure runs unguarded (`sure_steps`).
+                        # they run, so this closure runs unguarded (`sure_steps`; counted
+                        # files: the unguarded steps of steps_per_epoch).
                         sure = sure_steps is not None and not lost and shards_can_fill(
                             sure_steps, done, sum(m for m, _ in pending), n)
                         pending.append((n, schedule(steps_arg(n, k), inp.endless or sure, inp.counted, 0, None, 1,
@@ -1318,7 +1321,13 @@ class ParameterServerTrainer(Trainer):
                     hooks.checkpoint_now()
         if (isinstance(inp, PerWorkerInput) and inp.learns and steps is None and not by_hook and not lost
                 and len(exhausted) == self.num_workers):
-            inp.learn(done)  # every shard ran to its end in this epoch
+            # Every shard ran to its end in this epoch. Sure closures pay off where every
+            # shard fills one past a full window in flight.
+            inp.learn(done, k * (window + 1))
+        if (sure_steps is not None and isinstance(inp, PerWorkerInput) and inp.learned and not by_hook and not lost
+                and all(n == 1 for n in inp.made) and len(exhausted) == self.num_workers
+                and [done.get(i, 0) for i in range(self.num_workers)] != sure_steps):
+            raise files_changed(inp, f"this epoch's held {[done.get(i, 0) for i in range(self.num_workers)]}")
         return totals
 
     def _make_predict_fn(self, spec: Any) -> Any:

@@ -47,16 +47,6 @@ def test_closures_in_flight_follow_what_the_shards_still_need(workers: int, per_
     assert ParameterServerTrainer._window(trainer, per_shard, done) == want  # type: ignore[arg-type]
 
 
-def test_a_counted_size_is_checked() -> None:
-    """A size counted in an earlier epoch (files) that the data no longer has is an error,
-    not a silently short or long epoch."""
-    ds = tf.data.Dataset.range(5).filter(lambda v: v >= 0)  # tf.data does not know its size
-    assert [int(left) for left, _ in with_countdown(ds, 5)] == [5, 4, 3, 2, 1]
-    for wrong in (4, 6):
-        with pytest.raises(tf.errors.FailedPreconditionError, match="expected to contain"):
-            list(with_countdown(ds, wrong))
-
-
 def test_batches_give_the_fetched_one_first_then_the_rest() -> None:
     ds = with_countdown(tf.data.Dataset.range(5).batch(2))
     iterator = iter(ds)
