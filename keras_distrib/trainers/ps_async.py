@@ -58,10 +58,11 @@ Design notes (why):
   every shard holds its K steps past all the steps in flight (`shards_can_fill`: 0.99x).
   Files dealt to workers are counted in their first whole epoch (`PerWorkerInput.learn`);
   later epochs send such closures as the unguarded steps of ``steps_per_epoch`` (one more
-  trace) and keep the guarded ones (the first epoch's trace) for the shards' tails. Inputs whose shard size tf.data does not know (a user's
-  ``tf.data`` rebuilt from its graph, PyDataset) keep a guard per step, and pipelines
-  that call the chief's Python keep one closure kind per epoch (a second one traced
-  while such a pipeline ran hung the chief in TF's ``Context.add_c_function``).
+  trace) and keep the guarded ones (the first epoch's trace) for the shards' tails.
+  Inputs whose shard size tf.data does not know (a user's ``tf.data`` rebuilt from its
+  graph, PyDataset) keep a guard per step, and pipelines that call the chief's Python
+  keep one closure kind per epoch (a second one traced while such a pipeline ran hung
+  the chief in TF's ``Context.add_c_function``).
 * Scheduling: closures are scheduled as ConcreteFunctions looked up once per epoch
   (`_scheduler`); given the tf.function, ``ClusterCoordinator.schedule`` looks the trace
   up for every closure (cProfile of the chief, 100 closures under load: 3.7 -> 0.44 ms
@@ -628,7 +629,8 @@ class DynamicDatasetInput:
         return max(self.per_run, k - k % self.per_run)
 
 
-def files_changed(inp: Any, held: Any) -> TrainerError:
+def files_changed(inp: Any, held: str) -> TrainerError:
+    """The error for counted shards (`PerWorkerInput.learn`) that now hold other batches."""
     return TrainerError(
         f"the shards of this {type(inp.source).__name__} no longer hold the {inp.sure_steps} batches per worker "
         f"counted in its first epoch ({held}). HINT: keep the input's files unchanged during training "
@@ -637,8 +639,8 @@ def files_changed(inp: Any, held: Any) -> TrainerError:
 
 @contextlib.contextmanager
 def sizes_kept(inp: Any, coordinator: Any) -> Iterator[None]:
-    """A shard shorter than counted in an earlier epoch (`PerWorkerInput.learn`): an error
-    that says so, not TensorFlow's end of sequence."""
+    """A shard shorter than counted in an earlier epoch (`PerWorkerInput.learn`), found by
+    a closure sent unguarded: an error that says so, not TensorFlow's end of sequence."""
     import tensorflow as tf
 
     try:
