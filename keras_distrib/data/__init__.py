@@ -24,7 +24,7 @@ from ._private_apis import DERIVED_SEEDS_SCANNED, EPOCH_INPUT, dataset_runs_pyth
 from .arrays import ArraySource
 from .base import BaseSource, CustomSource, InputError, Source
 from .files import READ_CHUNK, FileSource
-from .input import as_source, pipeline
+from .input import as_source, epoch_batches, keeps_cache, pipeline
 from .policy import (Order, epoch_parts, tail_part_limit, flatten_nest, map_nest, shard_arrays, shard_dataset, shard_files,
                      shard_indices, shard_rows, shard_seed, shard_sizes, steps_for, worker_rank)
 from .pydataset import PyDatasetSource, is_py_dataset
@@ -48,6 +48,8 @@ __all__ = [
     "Order",
     "as_source",
     "pipeline",
+    "epoch_batches",
+    "keeps_cache",
     "shard_sizes",
     "shard_indices",
     "shard_arrays",

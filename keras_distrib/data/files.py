@@ -33,10 +33,10 @@ class FileSource(BaseSource):
     * ``parse(record) -> example``: per record, in a parallel deterministic map.
 
     ``cache``: keep what the shard yields (parsed examples with ``parse``, records with
-    ``parse_batch``) after the first pass. ``True`` caches in memory, which lasts as long
-    as one iterator (a repeated dataset: fit with ``steps_per_epoch``); a directory path
-    caches to one file per shard there (worker-local disk), which also lasts across
-    epochs and fits. Only cache data that fits.
+    ``parse_batch``) after the first whole pass. ``True`` caches in memory for the rest of
+    the fit (the trainers make the shard once and each epoch reads it:
+    `keras_distrib.data.keeps_cache`); a directory path caches to one file per shard there
+    (worker-local disk), which also lasts across fits. Only cache data that fits.
     """
 
     files: Sequence[str]

@@ -113,10 +113,37 @@ def pipeline(
     (`Source.epoch_elements`): a per-shard shuffle by default, a `DatasetSource` its own
     shuffles, seeded identically on every worker.
     """
+    order = Order(shuffle=shuffle, seed=seed, epoch=epoch, buffer=shuffle_buffer)
+    return _batches(source, source.epoch_elements(index, num_shards, order), batch_size=batch_size, repeat=repeat)
+
+
+def epoch_batches(
+    source: Source,
+    elements: "tf.data.Dataset",
+    index: int,
+    *,
+    batch_size: int | None,
+    shuffle: bool,
+    seed: int | None,
+    epoch: Any,
+    shuffle_buffer: int = SHUFFLE_BUFFER,
+) -> "tf.data.Dataset":
+    """`pipeline` of one epoch over ``elements``, shard ``index`` made once for several
+    epochs (``source.shard(index, ...)``, for a source whose `Source.epoch_elements` is
+    `BaseSource`'s): a cache in it lasts across them."""
+    order = Order(shuffle=shuffle, seed=seed, epoch=epoch, buffer=shuffle_buffer)
+    return _batches(source, order.apply(elements, index), batch_size=batch_size, repeat=False)
+
+
+def keeps_cache(source: Source) -> bool:
+    """True for a source with an in-memory cache (``cache=True``) that can serve several
+    epochs: its shard made once, each epoch's `epoch_batches` over it."""
+    return getattr(source, "cache", None) is True and type(source).epoch_elements is BaseSource.epoch_elements
+
+
+def _batches(source: Source, ds: "tf.data.Dataset", *, batch_size: int | None, repeat: bool) -> "tf.data.Dataset":
     import tensorflow as tf
 
-    order = Order(shuffle=shuffle, seed=seed, epoch=epoch, buffer=shuffle_buffer)
-    ds = source.epoch_elements(index, num_shards, order)
     if repeat:
         ds = ds.repeat()
     if not source.batched:

@@ -60,8 +60,23 @@ def coordinator_workers(coordinator: Any) -> Sequence[Any]:
     return coordinator._cluster.workers
 
 
-def per_worker_iterator(coordinator: Any, make_iterators: Sequence[Callable[[], Any]], dataset: Any) -> Any:
-    """A PerWorkerDistributedIterator whose worker ``i`` runs ``make_iterators[i]()``.
+def per_worker_values(coordinator: Any, makers: Sequence[Callable[[], Any]]) -> Any:
+    """PerWorkerValues whose worker ``i`` holds ``makers[i]()`` (made there, again for a
+    recovered worker), to pass to `per_worker_iterator` (``args``).
+
+    Upstream: as `per_worker_iterator`; ``create_resource`` resolves each worker's own
+    value from a PerWorkerValues argument (a RemoteValue itself is refused).
+    """
+    from tensorflow.python.distribute.coordinator import values as coord_values
+
+    workers = coordinator_workers(coordinator)
+    return coord_values.PerWorkerValues(tuple(w.create_resource(fn) for w, fn in zip(workers, makers)))
+
+
+def per_worker_iterator(coordinator: Any, make_iterators: Sequence[Callable[..., Any]], dataset: Any,
+                        args: tuple[Any, ...] | None = None) -> Any:
+    """A PerWorkerDistributedIterator whose worker ``i`` runs ``make_iterators[i](*args)``
+    (``args``: `per_worker_values`, each worker given its own).
 
     Upstream: there is no public way to build a per-worker iterator from different
     functions; the RemoteValues need the iterator ``_type_spec`` that TF's own
@@ -72,7 +87,7 @@ def per_worker_iterator(coordinator: Any, make_iterators: Sequence[Callable[[], 
     from tensorflow.python.distribute.coordinator import values as coord_values
 
     workers = coordinator_workers(coordinator)
-    iters = tuple(w.create_resource(fn) for w, fn in zip(workers, make_iterators))
+    iters = tuple(w.create_resource(fn, args=args) for w, fn in zip(workers, make_iterators))
     spec = input_lib.get_iterator_spec_from_dataset(coordinator.strategy, dataset)
     for rv in iters:
         rv._type_spec = spec

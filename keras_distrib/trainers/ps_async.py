@@ -336,17 +336,38 @@ class PerWorkerInput:
         #: recovered and read its shard again, and the epoch teaches no sizes.
         self.made = [0] * k
 
-        def worker_dataset(index: int, epoch: Any) -> Any:
-            ds = dataset_fn(index, epoch)
+        #: An in-memory cache (``cache=True``) kept across the fit's epochs: each worker's
+        #: shard, which holds the cache, is made once (`_shards`), and each epoch's pipeline
+        #: reads it (a fresh shard each epoch parsed every epoch again: 0.71x / 0.79x).
+        self.kept = not repeat and kd_data.keeps_cache(source)
+        self._shards = None
+
+        def worker_dataset(index: int, epoch: Any, elements: Any = None) -> Any:
+            if elements is None:
+                ds = dataset_fn(index, epoch)
+            else:
+                ds = kd_data.epoch_batches(source, elements, index, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                                           epoch=epoch)
             if not repeat:  # a fresh pipeline each epoch
                 ds = without_autotune(ds, source)
             return with_countdown(ds) if self.counted else ds
 
         epoch_spec = tf.TensorSpec([], tf.int64)
-        self._concrete = [
-            tf.function(lambda e, i=i: worker_dataset(i, e), input_signature=[epoch_spec]).get_concrete_function()
-            for i in range(k)
-        ]
+        if self.kept:
+            shard_spec = tf.data.DatasetSpec(source.shard(0, k).element_spec)
+            self._shard_fns = [tf.function(lambda i=i: source.shard(i, k)).get_concrete_function() for i in range(k)]
+            def over_shard(index: int) -> Callable[[Any, Any], Any]:
+                return lambda elements, epoch: worker_dataset(index, epoch, elements)
+
+            self._concrete = [
+                tf.function(over_shard(i), input_signature=[shard_spec, epoch_spec]).get_concrete_function()
+                for i in range(k)
+            ]
+        else:
+            self._concrete = [
+                tf.function(lambda e, i=i: worker_dataset(i, e), input_signature=[epoch_spec]).get_concrete_function()
+                for i in range(k)
+            ]
 
     def learn(self, steps_per_shard: dict[int, int], least: int) -> None:
         """Take the batches each shard held in an epoch that ran whole as every later
@@ -373,13 +394,16 @@ class PerWorkerInput:
                         "and the later ones run without a guard up to each shard's last few steps.",
                         type(self.source).__name__, self.sure_steps)
         made = self.made = [0] * self.num_shards
+        if self.kept and self._shards is None:
+            self._shards = private.per_worker_values(self.coordinator, self._shard_fns)
 
-        def make(index: int, concrete: Any) -> Any:
+        def make(index: int, concrete: Any, *shard: Any) -> Any:
             made[index] += 1  # the coordinator makes it again for a recovered worker
-            return iter(concrete(tf.constant(epoch, tf.int64)))
+            return iter(concrete(*shard, tf.constant(epoch, tf.int64)))
 
-        makers = [lambda i=i, c=c: make(i, c) for i, c in enumerate(self._concrete)]
-        it = private.per_worker_iterator(self.coordinator, makers, self._concrete[0].structured_outputs)
+        makers = [lambda *shard, i=i, c=c: make(i, c, *shard) for i, c in enumerate(self._concrete)]
+        it = private.per_worker_iterator(self.coordinator, makers, self._concrete[0].structured_outputs,
+                                         (self._shards,) if self.kept else None)
         if self.repeat:
             self._persistent = it
         return it

@@ -121,7 +121,23 @@ elif mode == "uneven":
     ids = placement.build(id_model, strategy)
     h = keras_distrib.fit(ids, files, epochs=3, batch_size=30, validation_data=files, verbose=0, strategy=strategy)
     result["files"] = {"history": h.history, "n": n, "step": int(trainer_for(ids, strategy).global_step.numpy()),
-                       "said": said}
+                       "said": list(said)}
+    # cache=True: the second epoch (the first on the counts) fills a cache that serves the
+    # later ones, shown by deleting the files (this worker's own copies) after it.
+    import shutil
+    mine = []
+    for path in paths:
+        mine.append(f"{path}.copy{rank}")
+        shutil.copy(path, mine[-1])
+    class Delete(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                for path in mine:
+                    os.remove(path)
+    cached = kd.FileSource(mine, parse_batch=parse_batch, num_examples=n, cache=True)
+    h = keras_distrib.fit(placement.build(id_model, strategy), cached, epochs=4, batch_size=30, shuffle=True,
+                          callbacks=[Delete()], verbose=0, strategy=strategy)
+    result["files_cache"] = {"history": h.history, "n": n}
     result["bn_state"] = hashlib.sha256(b"".join(np.asarray(v.value).tobytes()
                                                  for v in bn.non_trainable_variables)).hexdigest()
     try:  # the parameter-server-only option is refused with a hint
@@ -217,6 +233,15 @@ def test_files_are_counted_in_the_first_epoch_then_every_step_runs_on_its_count(
         learned = [m for m in files["said"] if "without counting" in m]
         assert learned == ["every epoch of this FileSource has 32 steps, counted in the first: this one and the "
                            "later ones run without counting each step's examples."], files["said"]
+
+
+def test_an_in_memory_cache_of_files_lasts_across_the_epochs_on_the_counts(
+        uneven_results: list[dict[str, Any]]) -> None:
+    """``FileSource(cache=True)``: the epochs on the counts read one shard made for them, so
+    its cache, filled in the second epoch, serves the third and fourth with the files gone."""
+    for r in uneven_results:
+        n, h = r["files_cache"]["n"], r["files_cache"]["history"]
+        assert h["count"] == [n] * 4 and h["idsum"] == [n * (n - 1) / 2] * 4, h
 
 
 def test_batchnorm_statistics_are_worker_zeros_on_every_worker(uneven_results: list[dict[str, Any]]) -> None:

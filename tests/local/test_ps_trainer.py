@@ -530,6 +530,35 @@ def test_shards_counted_once_then_closures_they_can_fill_run_unguarded(strategy:
         logging.getLogger("keras_distrib.trainers.ps_async").removeHandler(handler)
 
 
+def test_an_in_memory_cache_of_files_lasts_across_exact_epochs(strategy: Any, tmp_path: Path) -> None:
+    """``FileSource(cache=True)`` without steps_per_epoch: each epoch's pipeline reads the
+    shard made once for the fit, so the cache filled in the first epoch serves the later
+    ones. Shown by deleting the files after the first epoch: the later epochs (training
+    and validation) still see every example once."""
+    import keras
+
+    import keras_distrib
+    from keras_distrib import data as kd
+
+    sizes = [50, 130, 17, 203, 1, 88, 64]
+    n = sum(sizes)
+    files = id_files(tmp_path, sizes)
+    data = kd.FileSource(files.files, parse_batch=files.parse_batch, num_examples=n, cache=True)
+
+    class Delete(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if epoch == 0:
+                for path in data.files:
+                    os.remove(path)
+
+    model = build(strategy, id_model)
+    history = keras_distrib.fit(model, data, epochs=3, batch_size=8, shuffle=True, validation_data=data,
+                                steps_per_execution=4, verbose=0, callbacks=[Delete()], strategy=strategy)
+    h = history.history
+    assert h["count"] == [n] * 3 and h["idsum"] == [n * (n - 1) / 2] * 3, h
+    assert h["val_count"] == [n] * 3 and h["val_idsum"] == [n * (n - 1) / 2] * 3, h
+
+
 @pytest.mark.parametrize("change", ["shorter", "longer"])
 def test_files_changed_after_their_count_stop_the_fit_with_a_hint(strategy: Any, tmp_path: Path, change: str) -> None:
     """A file shortened or lengthened after the epoch that counted the shards: a later epoch
