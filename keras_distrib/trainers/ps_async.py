@@ -308,10 +308,12 @@ class PerWorkerInput:
         # A pipeline that calls the chief's Python keeps one closure kind per epoch: a
         # second traced while it ran hung the chief in TF's Context.add_c_function.
         python = kd_data.dataset_runs_python(self.sample)
+        # Files are dealt whole: num_examples dealt by example is not their shards' sizes,
+        # and an epoch ends where every worker's files end (as in all-reduce).
+        whole_files = getattr(source, "same_shard_sizes_every_epoch", False) and not repeat
         #: The shards' sizes are unknown to tf.data but the same every epoch (files dealt
         #: to workers): the first epoch that runs whole counts them (`learn`).
-        self.learns = (countdown and not repeat and not self.counted and not python
-                       and getattr(source, "same_shard_sizes_every_epoch", False))
+        self.learns = countdown and whole_files and not self.counted and not python
         self.learned = self._announce = False
         per_shard = steps_for_shards(source.num_examples, k, None if source.batched else batch_size)
         known = source.shard_sizes(k) if self.counted and not python else None
@@ -322,9 +324,6 @@ class PerWorkerInput:
                                                        [-(-size // batch_size) for size in known])
         #: Steps of one epoch (sum over shards), None if the size is unknown.
         self.steps = None if per_shard is None else sum(per_shard)
-        # Files are dealt whole: num_examples dealt by example is not their shards' sizes,
-        # and an epoch ends where every worker's files end (as in all-reduce).
-        whole_files = getattr(source, "same_shard_sizes_every_epoch", False) and not repeat
         #: Steps of each shard in one epoch (shard i is worker i's), None if unknown.
         self.per_shard = None if whole_files else per_shard
         #: The iterators repeat and no shard is empty: a step can never find its input ended.
