@@ -11,7 +11,8 @@ batch 32, K=10 steps per closure, 6 epochs). From the end of epoch 1 on, the las
 server is stopped 50 ms out of every 100 ms (SIGSTOP/SIGCONT), so it runs at about half
 speed; the epoch time is the median over epochs 3-6 (`trainer.epoch_stats`).
 * Inputs: in-memory arrays (``fit(model, (x, y), batch_size=32)``) and a ``tf.data`` of known
-  size (``from_tensor_slices((x, y)).shuffle(n).batch(32)``). The smoke run: tf.data only.
+  size (``from_tensor_slices((x, y)).shuffle(n).batch(32)``). The smoke run: tf.data only,
+  2 workers, the slow one stopped 80 ms in 100 (about a fifth of its speed).
 * slowed / undisturbed, with the epoch handed out dynamically (`DynamicInput`,
   `DynamicDatasetInput`, the default for both) and with fixed per-worker shards
   (``trainer.dynamic_epochs = False``, what every other input gets). The dynamic ideal is N / (N - 1/2): x1.33 for 2 workers, x1.2
@@ -194,7 +195,7 @@ def layout_args(layout: str, workers: int) -> list[str]:
 
 
 def run(workdir: Path, workers: int, *, dynamic: bool, slowed: bool, epochs: int, rows: int,
-        inputs: str = "arrays", layout: str = "ps-per-node") -> list[dict]:
+        inputs: str = "arrays", layout: str = "ps-per-node", off: float = 0.05) -> list[dict]:
     """One job; its epoch_stats (seconds, steps, worker_steps_per_sec per epoch)."""
     script = workdir / "straggler_job.py"
     script.write_text(SERVICE_SCRIPT if inputs == "service" else SCRIPT)
@@ -218,7 +219,7 @@ def run(workdir: Path, workers: int, *, dynamic: bool, slowed: bool, epochs: int
         if pid is None:
             proc.kill()
             raise SystemExit(f"worker:{workers - 1} not found")
-        threading.Thread(target=duty_cycle, args=(pid, stop), daemon=True).start()
+        threading.Thread(target=duty_cycle, args=(pid, stop, off), daemon=True).start()
     try:
         code = proc.wait(timeout=900)
     finally:
@@ -266,16 +267,20 @@ def main() -> None:
     rounds = 1 if args.smoke else args.rounds
     counts = [2] if args.smoke else [int(n) for n in args.workers.split(",")]
     epochs, rows = (4, 3001) if args.smoke else (6, 12001)
+    # The smoke run stops the worker 80 ms in 100: on two loaded cores, half speed is too close
+    # to the other worker's share for a check that the hand-out follows speed.
+    off = 0.08 if args.smoke else 0.05
     comparisons, shares = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for layout, kind, n in [(layout, kind, n) for layout in layouts for kind in kinds for n in counts]:
-            ideal = n / (n - 0.5)
+            speed = 1 - off / 0.1  # the slow worker's share of the time it runs
+            ideal = n / (n - 1 + speed)
             where = "" if layout == "ps-per-node" else f"{layout}, "
             names = ({True: "tf.data service", False: "Dataset.shard, bare loop"} if kind == "service"
                      else {True: "dynamic hand-out", False: "fixed shards"})
             sides = {dynamic: Comparison(
-                f"{where}{kind}, {n} workers, one at half speed, {names[dynamic]}: epoch s "
+                f"{where}{kind}, {n} workers, one at {'half' if speed == 0.5 else f'{speed:.1f}'} speed, {names[dynamic]}: epoch s "
                 f"(ideal x{ideal:.2f})", "slowed", "undisturbed", "s",
                 target=f"<= {1.1 * ideal:.2f}" if dynamic else "reported") for dynamic in (True, False)}
             cost = Comparison(f"{where}{kind}, {n} workers, none slow: {names[True]} vs {names[False]}", "dynamic",
@@ -285,7 +290,7 @@ def main() -> None:
             for i in range(rounds):
                 for dynamic in ((True, False) if fixed_too else (True,)):
                     slowed = None if args.cost_only else run(work, n, dynamic=dynamic, slowed=True, epochs=epochs,
-                                                             rows=rows, inputs=kind, layout=layout)
+                                                             rows=rows, inputs=kind, layout=layout, off=off)
                     calm = run(work, n, dynamic=dynamic, slowed=False, epochs=epochs, rows=rows, inputs=kind,
                                layout=layout)
                     cost_side = cost.a if dynamic else cost.b
