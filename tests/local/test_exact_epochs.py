@@ -223,6 +223,8 @@ def run_grid(tmp_path: Path, layout: str, workers: int, cases: list[list[Any]]) 
     failed = [p for p in procs if p.returncode != 0]
     # The first process to fail has the cause; the others report the aborted collective.
     assert not failed, "\n----\n".join(p.stderr[-4000:] for p in failed)
+    if COUNTED[0] in cases:
+        assert "counted in the first" in procs[0].stderr, procs[0].stderr[-3000:]
     return last_json_line(procs[0].stdout)["results"]
 
 
@@ -241,10 +243,15 @@ def check(results: list[dict[str, Any]]) -> None:
     assert not bad, bad
 
 
+# ps: files whose shards are counted in the first epoch (150 batches per worker of 3, over
+# K x (window + 1) = 130), the second epoch on the counts (unguarded closures, guarded tails).
+COUNTED = [["files", 1351, 3]]
+
+
 @pytest.mark.parametrize("layout,workers,cases", [
     ("ps-per-node", 2, MAIN),
     ("allreduce", 2, MAIN),
-    ("ps-per-node", 3, SMALL),
+    ("ps-per-node", 3, SMALL + COUNTED),
     ("allreduce", 3, SMALL),
 ])
 def test_every_example_once_per_epoch(tmp_path: Path, layout: str, workers: int, cases: list[list[Any]]) -> None:

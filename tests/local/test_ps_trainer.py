@@ -582,11 +582,17 @@ def test_files_changed_after_their_count_stop_the_fit_with_a_hint(strategy: Any,
                                            r"epoch .*HINT: keep the input's files unchanged"):
         keras_distrib.fit(model, data, epochs=3, batch_size=2, steps_per_execution=4, verbose=0,
                           callbacks=[Change()], strategy=strategy)
-    again = tmp_path / "again"
-    again.mkdir()
-    history = keras_distrib.fit(build(strategy, id_model), id_files(again, [30, 40]), epochs=2, batch_size=8,
-                                verbose=0, strategy=strategy)
-    assert history.history["count"] == [70, 70]
+    # The HINT's alternative, in the same cluster: steps_per_epoch= trains on files that change
+    # every epoch, its step counter exactly epochs x steps.
+    class ChangeEvery(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            write_ids(Path(data.files[0]), 0, 10 + 40 * epoch)
+
+    model = build(strategy, id_model)
+    history = keras_distrib.fit(model, data, epochs=3, steps_per_epoch=25, batch_size=2, steps_per_execution=4,
+                                verbose=0, callbacks=[ChangeEvery()], strategy=strategy)
+    assert history.history["count"] == [50, 50, 50]  # 25 steps of batch 2
+    assert int(model.optimizer.iterations.numpy()) == 75
 
 
 @pytest.mark.parametrize("workers", [2, 3])

@@ -172,3 +172,37 @@ def test_sigusr1_checkpoints_at_a_step_boundary_then_a_rerun_resumes(tmp_path: P
     assert rerun.wait() == 0, rerun.text()[-3000:]
     assert rerun.count(f"resuming from {ck}/ckpt-{step:012d} (epoch {step // steps + 1}, {step % steps} steps into it, step {step})") == 1
     assert rerun.result("[local0 chief:0]")["step"] == epochs * steps
+
+
+COUNTED = Path(__file__).resolve().parent / "counted_files_script.py"
+
+
+def test_a_worker_killed_in_a_counted_epoch_of_files_is_restarted_and_later_epochs_are_exact(tmp_path: Path) -> None:
+    """ps, files in a cache (`FileSource(cache=True)`): the first epoch counts each worker's
+    batches, and the later ones send unguarded closures. A worker killed in the third epoch
+    is restarted, its closures run again elsewhere, and no closure reads past a shard's end
+    (that would stop the fit with a 'files changed' error). The epochs after it see every
+    example once again, on the counts."""
+    epochs, killed = 4, 2
+    job = Job(["--nodes", "2", "--port-base", "26000", "--startup-timeout", "600", str(COUNTED), str(tmp_path),
+               str(epochs)], tmp_path)
+    try:
+        assert wait_for(lambda: (tmp_path / f"started-{killed}").exists(), 600), job.text()[-3000:]
+        time.sleep(random.Random(SEED).uniform(0, 0.5))
+        job.kill("worker:1")
+        assert wait_for(lambda: job.count("restarting it (1/3)") == 1, 120), f"seed {SEED}\n{job.text()[-3000:]}"
+        code = job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    assert code == 0, f"seed {SEED}\n{job.text()[-4000:]}"
+    assert job.count("counted in the first") == 1, job.text()[-3000:]
+    result = job.result("[local0 chief:0]")
+    n = result["n"]
+    exact = [e for e in range(epochs) if e != killed]
+    assert [result["count"][e] for e in exact] == [n] * len(exact), (SEED, result)
+    assert [result["idsum"][e] for e in exact] == [n * (n - 1) / 2] * len(exact), (SEED, result)
+    # The killed epoch covers every example at least once (a closure lost with its worker is
+    # run again, and the restarted worker's shard starts afresh).
+    assert result["count"][killed] >= n, (SEED, result)
+    assert not alive(sorted(job.seen))
