@@ -96,7 +96,8 @@ class Trainer:
         self.custom_steps = step_contract.overridden_steps(model)
         self.metrics = MetricSet(model)
         #: Per trained epoch: {"epoch", "seconds", "steps", "steps_per_sec",
-        #: "worker_steps_per_sec": {worker: steps/s}} (public; seconds exclude validation).
+        #: "worker_steps_per_sec": {worker: steps/s up to its last step}} (public; seconds exclude
+        #: validation).
         self.epoch_stats: list[dict[str, Any]] = []
         self._last_epoch = -1  # the last epoch of the running fit (`_epoch_loop`)
 
@@ -106,6 +107,9 @@ class Trainer:
     #: Training steps each worker ran in the last epoch ({worker index: steps}); filled by
     #: runners that can tell (parameter server), empty in lockstep all-reduce.
     worker_steps: dict[int, int] = {}
+    #: Seconds each worker of `worker_steps` was busy in that epoch (to its last step), where
+    #: known: its steps/s is over those, so a smaller shard is not taken for a slow worker.
+    worker_busy: dict[int, float] = {}
     #: The checkpoint keeper of the fit() in progress (None: no checkpoint_dir).
     _keeper: CheckpointKeeper | None = None
 
@@ -384,6 +388,9 @@ class Trainer:
         logs: dict[str, float] = {}
         for epoch in range(initial_epoch, epochs):
             self._reset_model_metrics(training=True)
+            if steps_per_epoch is None and train.steps and cbs.params.get("steps") != train.steps:
+                # Steps counted in an earlier epoch (files dealt whole), not the estimate.
+                cbs.set_params({**cbs.params, "steps": train.steps})
             cbs.on_epoch_begin(epoch)
             start = time.perf_counter()
             # The epoch a mid-epoch checkpoint resumes runs only its remaining steps.
@@ -397,7 +404,8 @@ class Trainer:
             seconds = time.perf_counter() - start
             stats = {"epoch": epoch, "seconds": seconds, "steps": totals.steps,
                      "steps_per_sec": totals.steps / max(seconds, 1e-9),
-                     "worker_steps_per_sec": {w: n / max(seconds, 1e-9) for w, n in sorted(self.worker_steps.items())}}
+                     "worker_steps_per_sec": {w: n / max(self.worker_busy.get(w, seconds), 1e-9)
+                                              for w, n in sorted(self.worker_steps.items())}}
             self.epoch_stats.append(stats)
             logs = self._logs(totals)
             if val is not None and (epoch + 1) % max(1, validation_freq) == 0:

@@ -376,6 +376,7 @@ class PerWorkerInput:
             return
         self.learns = False
         sizes = [steps_per_shard.get(i, 0) for i in range(self.num_shards)]
+        self.steps = sum(sizes)  # the later epochs' progress bars show it, not the estimate
         if min(sizes) < least:
             logger.debug("shards of %s batches: each step keeps its guard", sizes)
             return
@@ -1263,8 +1264,12 @@ class ParameterServerTrainer(Trainer):
         # Where each shard's size is known, closures beyond what its shards still need are
         # not scheduled (see `_window`).
         per_shard = inp.per_shard if steps is None and not inp.endless else None
+        # Seconds from here to each worker's last closure with steps: a worker whose shard is
+        # smaller (files dealt whole) idles after it, and is not slow for that.
+        busy: dict[int, float] = {}
+        started = time.perf_counter()
         if training:
-            self.worker_steps = done
+            self.worker_steps, self.worker_busy = done, busy
         lost = []  # closures whose results were lost with their workers
         sure_steps = inp.sure_steps if isinstance(inp, PerWorkerInput) and steps is None else None
         window = self._window()
@@ -1295,6 +1300,8 @@ class ParameterServerTrainer(Trainer):
             out["logs"] = logs
             # The shard index is the worker's: steps per worker (stragglers, `_window`).
             done[int(vector[0])] = done.get(int(vector[0]), 0) + int(out["steps"])
+            if out["steps"]:
+                busy[int(vector[0])] = time.perf_counter() - started
             totals.add(out)
             if out["steps"]:
                 hooks.after(totals.steps - 1, totals)

@@ -511,14 +511,26 @@ def test_shards_counted_once_then_closures_they_can_fill_run_unguarded(strategy:
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("keras_distrib.trainers.ps_async").addHandler(handler)  # keras_distrib's loggers do not propagate
+    import keras
+
+    bar_steps: list[int] = []
+
+    class BarSteps(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            bar_steps.append(self.params["steps"])
+
     try:
         history = keras_distrib.fit(model, data, epochs=4, batch_size=batch, shuffle=True, validation_data=data,
-                                    steps_per_execution=4, verbose=0, strategy=strategy)
+                                    steps_per_execution=4, verbose=0, callbacks=[BarSteps()], strategy=strategy)
         h = history.history
         assert h["count"] == [n] * 4 and h["idsum"] == [n * (n - 1) / 2] * 4, h
         assert h["val_count"] == [n] * 4 and h["val_idsum"] == [n * (n - 1) / 2] * 4, h
         per_shard = [-(-size // batch) for size in shards]  # 66 + 211 (files), 139 + 138 (arrays)
         assert int(trainer.global_step.numpy()) == 4 * sum(per_shard)
+        # The progress bar's steps: the estimate (num_examples: 227 for the underestimate), then
+        # the steps counted in the first epoch.
+        assert bar_steps[1:] == [sum(per_shard)] * 3, bar_steps
+        assert (bar_steps[0] == sum(per_shard)) == (kind != "files_underestimated"), bar_steps
         counted = [m for m in said if "counted in the first: this epoch and the later ones run without a guard" in m]
         if kind == "files_small_shards":
             assert not sure and not counted
