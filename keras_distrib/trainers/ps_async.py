@@ -1300,10 +1300,9 @@ class ParameterServerTrainer(Trainer):
             out["logs"] = logs
             # The shard index is the worker's: steps per worker (stragglers, `_window`).
             done[int(vector[0])] = done.get(int(vector[0]), 0) + int(out["steps"])
-            if out["steps"]:
-                busy[int(vector[0])] = time.perf_counter() - started
             totals.add(out)
             if out["steps"]:
+                busy[int(vector[0])] = time.perf_counter() - started
                 hooks.after(totals.steps - 1, totals)
 
         schedule = self._scheduler(fn, iterator)
