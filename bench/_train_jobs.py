@@ -196,11 +196,14 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
 
     def run(steps: int) -> float:
         timer = epoch_timer(keras.callbacks.Callback)
-        epoch_data, steps_per_epoch = data, steps
-        if exact_epochs:
+        epoch_data, steps_per_epoch = data, None if exact_epochs else steps
+        if exact_epochs or tf_data or files:
             # ps: each worker's shard gives ``steps`` batches; all-reduce: ``batch`` is global.
+            # Both sides of a tf.data or files pair hold these examples: files of another size
+            # cache and shuffle another amount of data (4,096 against 15,360 examples made
+            # cache=True look 0.88x on the CNN).
             rows = steps * ctx.batch * (ctx.info.num_workers if ctx.mode == "ps" else 1)
-            epoch_data, steps_per_epoch = tuple(np.resize(a, (rows, *a.shape[1:])) for a in data), None
+            epoch_data = tuple(np.resize(a, (rows, *a.shape[1:])) for a in data)
         if tf_data:
             import tensorflow as tf
 
