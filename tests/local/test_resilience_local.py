@@ -98,7 +98,9 @@ def test_ps_layout_survives_a_worker_a_ps_and_the_chief_dying(tmp_path: Path) ->
     assert code == 0, f"seed {SEED}\n{job.text()[-4000:]}"
     assert job.count("resuming from") == 2  # after the ps death and after the chief death
     result = job.result("[local0 chief:0]")
-    assert result["step"] == epochs * steps  # exact: a closure lost with its worker is not counted
+    # A closure lost with its worker is not counted; one that had counted before its worker
+    # died runs again and counts again (docs/faults.md's window: CI saw 2,410 once).
+    assert result["step"] in (epochs * steps, epochs * steps + 10), (SEED, result)
     assert result["accuracy"] > 0.9
     assert not alive(sorted(job.seen))
     assert not {25600 + i for i in range(6)} & listening_ports()
