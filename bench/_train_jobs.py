@@ -20,10 +20,10 @@ labels, in memory; every side uses the same global batch (``--batch``): one
 optimizer update consumes ``--batch`` examples (parameter server: per worker step;
 all-reduce: split over the workers).
 
-Timing: every side runs fit with epochs=2 and steps_per_epoch=S; only epoch 2 is timed
-(an epoch callback, or the hand loop's own clock), so tracing, per-worker dataset creation
-and the first closures are excluded. steps/s = S / (epoch-2 seconds). Process start-up
-and cluster connection are never timed.
+Timing: every side runs fit with steps_per_epoch=S for one untimed epoch and then
+``--timed-epochs`` T timed ones (an epoch callback, or the hand loop's own clock), so
+tracing, per-worker dataset creation and the first closures are excluded. steps/s =
+T x S / (the T epochs' seconds). Process start-up and cluster connection are never timed.
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ def synthetic(model_fn: Callable[[Any], Any], examples: int, seed: int = 0) -> t
 # ---------------------------------------------------------------- timing
 
 
-def epoch_timer(base: type) -> Any:
-    """An instance of a ``base`` (keras or tf_keras Callback) subclass timing each epoch."""
+def epoch_timer(base: type, timed: int = 1) -> Any:
+    """An instance of a ``base`` (keras or tf_keras Callback) subclass timing each epoch;
+    ``rate(steps)``: the steps/s of the last ``timed`` epochs of ``steps`` each."""
 
     class EpochTimer(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
@@ -151,13 +152,20 @@ def epoch_timer(base: type) -> Any:
             self.seconds.append(time.perf_counter() - self._t0)
             self.cpu_seconds.append(time.process_time() - self._cpu0)
 
+        def rate(self, steps: int) -> float:
+            return timed * steps / sum(self.seconds[-timed:])
+
+        def timed_cpu_seconds(self) -> float:
+            """CPU seconds per timed epoch."""
+            return sum(self.cpu_seconds[-timed:]) / timed
+
     return EpochTimer()
 
 
 # ---------------------------------------------------------------- sides
 
 # A side is built once (model, optimizer, input) by a factory and returns a callable
-# run(steps) -> steps/s of the timed (second) epoch.
+# run(steps) -> steps/s of the timed epochs (after the first).
 
 
 def _tf_dataset(x: Any, y: Any, batch: int, shard: tuple[int, int] | None = None) -> Any:
@@ -195,7 +203,7 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
     k = k or ctx.k
 
     def run(steps: int) -> float:
-        timer = epoch_timer(keras.callbacks.Callback)
+        timer = epoch_timer(keras.callbacks.Callback, ctx.timed_epochs)
         epoch_data, steps_per_epoch = data, None if exact_epochs else steps
         if exact_epochs or tf_data or files:
             # ps: each worker's shard gives ``steps`` batches; all-reduce: ``batch`` is global.
@@ -211,13 +219,14 @@ def side_keras_distrib(ctx: "Context", data: Any = None, shuffle: bool = True, e
         if files:
             epoch_data = records_of(ctx, epoch_data, files)
         # Files: the first epoch counts the shards (all-reduce) and the second starts on the
-        # counts; the third is timed, as every later epoch of a longer fit runs.
-        keras_distrib.fit(model, epoch_data, epochs=3 if files else 2, steps_per_epoch=steps_per_epoch,
+        # counts; the later ones are timed, as every later epoch of a longer fit runs.
+        untimed = 2 if files else 1
+        keras_distrib.fit(model, epoch_data, epochs=untimed + ctx.timed_epochs, steps_per_epoch=steps_per_epoch,
                           batch_size=ctx.batch,
                           steps_per_execution=k, shuffle=shuffle, verbose=0, callbacks=[timer],
                           strategy=ctx.strategy, **fit_options)
-        ctx.record_chief_cpu(timer.cpu_seconds[-1], steps, k)
-        return steps / timer.seconds[-1]
+        ctx.record_chief_cpu(timer.timed_cpu_seconds(), steps, k)
+        return timer.rate(steps)
 
     return run
 
@@ -239,9 +248,9 @@ def side_tf_keras(ctx: "Context", steps_per_execution: int = 1) -> Callable[[int
     data = tf_keras.utils.experimental.DatasetCreator(dataset_fn)
 
     def run(steps: int) -> float:
-        timer = epoch_timer(tf_keras.callbacks.Callback)
-        model.fit(data, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[timer])
-        return steps / timer.seconds[-1]
+        timer = epoch_timer(tf_keras.callbacks.Callback, ctx.timed_epochs)
+        model.fit(data, epochs=1 + ctx.timed_epochs, steps_per_epoch=steps, verbose=0, callbacks=[timer])
+        return timer.rate(steps)
 
     return run
 
@@ -361,13 +370,13 @@ def side_ps_chunk(ctx: "Context", variant: str) -> Callable[[int], float]:
     def run(steps: int) -> float:
         iterator = iter(coordinator.create_per_worker_dataset(lambda: _tf_dataset(ctx.x, ctx.y, ctx.batch)))
         closures = max(1, steps // k)
-        for timed in (False, True):
+        for timed in (1, ctx.timed_epochs):  # an untimed epoch, then the timed ones
             t0, cpu0 = time.perf_counter(), time.process_time()
-            for _ in range(closures):
+            for _ in range(closures * timed):
                 coordinator.schedule(chunk, args=(iterator,))
             coordinator.join()
-        ctx.record_chief_cpu(time.process_time() - cpu0, closures * k)
-        return closures * k / (time.perf_counter() - t0)
+        ctx.record_chief_cpu(time.process_time() - cpu0, closures * k * ctx.timed_epochs)
+        return closures * k * ctx.timed_epochs / (time.perf_counter() - t0)
 
     return run
 
@@ -380,9 +389,9 @@ def side_single_process(ctx: "Context") -> Callable[[int], float]:
     data = _tf_dataset(ctx.x, ctx.y, ctx.batch)
 
     def run(steps: int) -> float:
-        timer = epoch_timer(keras.callbacks.Callback)
-        model.fit(data, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[timer])
-        return steps / timer.seconds[-1]
+        timer = epoch_timer(keras.callbacks.Callback, ctx.timed_epochs)
+        model.fit(data, epochs=1 + ctx.timed_epochs, steps_per_epoch=steps, verbose=0, callbacks=[timer])
+        return timer.rate(steps)
 
     return run
 
@@ -553,6 +562,7 @@ class Context:
         self.model_fn = load_model_fn(args.model)
         self.batch = args.batch
         self.k = args.k
+        self.timed_epochs = args.timed_epochs
         self.workdir = args.workdir
         # The strategy first: MultiWorkerMirroredStrategy must exist before any TF op runs.
         self.strategy = keras_distrib.strategy()
@@ -576,6 +586,7 @@ def job_main(argv: list[str] | None = None) -> None:
     p.add_argument("--sides", required=True, help="comma-separated: " + ", ".join(SIDES))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=200, help="steps per timed epoch")
+    p.add_argument("--timed-epochs", type=int, default=1, help="epochs timed per side and round")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--k", type=int, default=10, help="steps per execution (Keras 3 trainer, hand loop)")
     p.add_argument("--examples", type=int, default=4096)
@@ -625,15 +636,18 @@ def launch(cluster: str, sides: list[str], **options: Any) -> dict[str, list[flo
 
 
 def launch_result(cluster: str, sides: list[str], *, model: str, rounds: int, steps: int, batch: int = 64,
-                  k: int = 10, examples: int = 4096, workdir: Path, timeout: float = 900) -> dict[str, Any]:
+                  k: int = 10, examples: int = 4096, timed_epochs: int = 1, workdir: Path,
+                  timeout: float = 900) -> dict[str, Any]:
     """`launch`, returning the job's whole result (also ``chief_cpu_ms_per_closure``)."""
     mode = "allreduce" if cluster == "2w" else "ps"
     result = workdir / f"result-{time.monotonic_ns()}.json"
     cmd = [sys.executable, "-m", "keras_distrib.local", *CLUSTERS[cluster], "--port-base", str(free_port_base(8)),
            str(Path(__file__).resolve()), mode, "--model", model, "--sides", ",".join(sides),
            "--rounds", str(rounds), "--steps", str(steps), "--batch", str(batch), "--k", str(k),
-           "--examples", str(examples), "--workdir", str(workdir), "--result", str(result)]
-    print(f"  {cluster} {model}: {', '.join(sides)} x {rounds} rounds of {steps} steps", file=sys.stderr, flush=True)
+           "--examples", str(examples), "--timed-epochs", str(timed_epochs), "--workdir", str(workdir),
+           "--result", str(result)]
+    print(f"  {cluster} {model}: {', '.join(sides)} x {rounds} rounds of {timed_epochs} x {steps} steps",
+          file=sys.stderr, flush=True)
     # TF_USE_LEGACY_KERAS=1: tf.keras means tf_keras (the tf_keras sides); Keras 3 is `import keras`.
     # The caller's directory stays importable for --models package.module:fn.
     env = child_env(TF_USE_LEGACY_KERAS="1", CUDA_VISIBLE_DEVICES="")
@@ -661,6 +675,9 @@ def training_parser(doc: str | None) -> Any:
     p.add_argument("--batch", type=int, default=64, help="examples per optimizer update (default 64)")
     p.add_argument("--k", type=int, default=10, help="steps per scheduled function / tf.function call (default 10)")
     p.add_argument("--steps", type=int, default=None, help="steps per timed epoch (default per model)")
+    p.add_argument("--timed-epochs", type=int, default=None,
+                   help="epochs timed per side and round, after an untimed one (default 1; 3 with "
+                        "--exact-epochs-only: its pairs differ by a few %%, one epoch's noise is about 15 %%)")
     return p
 
 
@@ -700,6 +717,15 @@ def model_runs(args: Any, steps_table: dict[str, int], default_steps: int) -> tu
     return rounds, runs
 
 
+def timed_epochs(args: Any) -> int:
+    """``--timed-epochs``, or its default (`training_parser`)."""
+    if args.smoke:
+        return 1
+    if args.timed_epochs is not None:
+        return args.timed_epochs
+    return 3 if getattr(args, "exact_epochs_only", False) else 1
+
+
 def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]],
                launcher: Callable[..., Any] = launch) -> Iterator[tuple[str, Callable[..., Any]]]:
     """Per model of `model_runs`: (display name, run(cluster, sides)) with the shared flags bound.
@@ -710,7 +736,8 @@ def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]],
     with tempfile.TemporaryDirectory() as tmp:
         for model, name, steps, examples in runs:
             yield name, functools.partial(launcher, model=model, rounds=rounds, steps=steps, batch=args.batch,
-                                          k=args.k, examples=examples, workdir=Path(tmp))
+                                          k=args.k, examples=examples, timed_epochs=timed_epochs(args),
+                                          workdir=Path(tmp))
             print(f"  {name}: done", file=sys.stderr, flush=True)
 
 

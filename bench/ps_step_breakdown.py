@@ -36,9 +36,10 @@ Rows: each side's steps/s against one process, then the step time split into its
 increments (compute, variable read, gradient send + apply, trainer bookkeeping =
 closure scheduling and the exact-step/metrics/epoch work), in ms per step from the
 per-round medians, and the chief's CPU time per closure (time.process_time in the chief
-over the timed epoch; single_process's is the whole training's). ``--exact-epochs-only``:
+over the timed epochs; single_process's is the whole training's). ``--exact-epochs-only``:
 only the ``keras_distrib`` sides of issue 27's rows (with and without ``steps_per_epoch``,
-arrays, tf.data and files), so more rounds fit in the same time.
+arrays, tf.data and files), so more rounds fit in the same time, each timing 3 epochs
+(``--timed-epochs``; one epoch's rate varies by about 15 %, the pairs differ by a few).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ import statistics
 import sys
 
 from _harness import Comparison, print_table, save
-from _train_jobs import EXACT_EPOCH_PAIRS, EXACT_EPOCH_SIDES, each_model, launch_result, model_runs, training_parser
+from _train_jobs import (EXACT_EPOCH_PAIRS, EXACT_EPOCH_SIDES, each_model, launch_result, model_runs, timed_epochs,
+                         training_parser)
 from ps_throughput import STEPS
 
 SIDES = ["single_process", "ps_chunk_compute", "ps_chunk_read", "ps_chunk_read_send", *EXACT_EPOCH_SIDES,
@@ -107,10 +109,12 @@ def main() -> None:
         ]
         if not args.exact_epochs_only:
             text += [f"  {name} (median of {rounds} rounds):", *breakdown(rates, cpu, args.k)]
-    print_table(f"Parameter-server step breakdown (batch {args.batch}, K={args.k}, {rounds} rounds, "
+    print_table(f"Parameter-server step breakdown (batch {args.batch}, K={args.k}, {rounds} rounds of "
+                f"{timed_epochs(args)} timed epochs, "
                 "chief + 1 ps + 1 worker vs one process)", comparisons)
     print("\n".join(text))
-    save("ps_step_breakdown", comparisons, {"batch": args.batch, "k": args.k, "breakdown": text, **raw}, args.out)
+    save("ps_step_breakdown", comparisons, {"batch": args.batch, "k": args.k, "timed_epochs": timed_epochs(args),
+                                            "breakdown": text, **raw}, args.out)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ Cluster: 2 all-reduce workers (`python -m keras_distrib.local --nodes 2 --layout
 each running bench/_train_jobs.py in lockstep; worker 0 reports. Same model, same
 synthetic data, same global batch (split over the two workers; tf_keras input from a
 DatasetCreator sharded by input pipeline). Per model one launcher run; inside it every
-side alternates round by round, each round a fit of 2 epochs of S steps with epoch 2
-timed (the FileSource sides: 3 epochs, the third timed, after the first counted the shards). Ratios are of steps/s, median and min-max over rounds.
+side alternates round by round, each round a fit of one untimed epoch of S steps (the
+FileSource sides: two, the first counts the shards) and ``--timed-epochs`` timed ones (default
+1; 3 with ``--exact-epochs-only``). Ratios are of steps/s, median and min-max over rounds.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from _harness import Comparison
-from _train_jobs import EXACT_EPOCH_PAIRS, EXACT_EPOCH_SIDES, throughput_main
+from _train_jobs import EXACT_EPOCH_PAIRS, EXACT_EPOCH_SIDES, throughput_main, timed_epochs
 
 #: Steps per timed epoch: about 1-2 s of training per side on the 2-core machine.
 STEPS = {"mlp": 150, "cnn": 50}
@@ -53,7 +54,8 @@ def compare(args: Any, name: str, run: Callable[..., dict[str, list[float]]]) ->
 def main() -> None:
     throughput_main(__doc__, "sync_throughput", STEPS, DEFAULT_STEPS, compare,
                     lambda args, rounds: f"Synchronous throughput, MultiWorkerMirroredStrategy, 2 workers "
-                                         f"(global batch {args.batch}, K={args.k}, {rounds} rounds)",
+                                         f"(global batch {args.batch}, K={args.k}, {rounds} rounds of "
+                                         f"{timed_epochs(args)} timed epochs)",
                     lambda p: p.add_argument("--exact-epochs-only", action="store_true",
                                              help="only issue 27's sides (exact epochs)"))
 

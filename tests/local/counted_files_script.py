@@ -18,30 +18,11 @@ from keras_distrib import data as kd
 strategy = keras_distrib.strategy()
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from id_metrics import Count, IdSum  # noqa: E402  (this script's directory)
 
 workdir, epochs = sys.argv[1], int(sys.argv[2])
 SIZES = [125, 325, 42, 508, 3, 220, 160]  # 7 uneven files, dealt whole to the workers
 N = sum(SIZES)
-
-
-class Count(keras.metrics.Metric):
-    def __init__(self, name="count", **kw):
-        super().__init__(name=name, **kw)
-        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign_add(tf.cast(tf.shape(y_true)[0], self.total.dtype))
-
-    def result(self):
-        return self.total + 0.0
-
-
-class IdSum(Count):
-    def __init__(self, name="idsum", **kw):
-        super().__init__(name=name, **kw)
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign_add(tf.reduce_sum(tf.cast(y_true, self.total.dtype)))
 
 
 class Started(keras.callbacks.Callback):

@@ -40,23 +40,7 @@ cases = json.loads(sys.argv[1])
 EPOCHS = int(sys.argv[3])
 tmp = sys.argv[2]
 strategy = keras_distrib.strategy()
-
-
-class Count(keras.metrics.Metric):
-    def __init__(self, name="count", **kw):
-        super().__init__(name=name, **kw)
-        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign_add(tf.cast(tf.shape(y_true)[0], self.total.dtype))
-    def result(self):
-        return self.total + 0.0  # a tensor, not the variable: results are computed statelessly
-
-
-class IdSum(Count):
-    def __init__(self, name="idsum", **kw):
-        super().__init__(name=name, **kw)
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign_add(tf.reduce_sum(tf.cast(y_true, self.total.dtype)))
+from id_metrics import Count, IdSum  # tests/local, on the path of the cluster's scripts
 
 
 class RejectEmpty(keras.layers.Layer):

@@ -419,25 +419,10 @@ def id_model() -> Any:
     """A model fed example ids (x = id / n, y = id) whose metrics count the examples and sum their
     ids: an example seen twice or missed in an epoch changes one of them."""
     import keras
-    import tensorflow as tf
-
-    class Count(keras.metrics.Metric):
-        def __init__(self, name: str = "count", **kw: Any) -> None:
-            super().__init__(name=name, **kw)
-            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-
-        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-            self.total.assign_add(tf.cast(tf.shape(y_true)[0], self.total.dtype))
-
-        def result(self) -> Any:
-            return self.total + 0.0
-
-    class IdSum(Count):
-        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-            self.total.assign_add(tf.reduce_sum(tf.cast(y_true, self.total.dtype)))
+    from id_metrics import Count, IdSum
 
     m = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    m.compile(optimizer="sgd", loss="mae", metrics=[Count(), IdSum(name="idsum")])  # bounded gradients
+    m.compile(optimizer="sgd", loss="mae", metrics=[Count(), IdSum()])  # bounded gradients
     return m
 
 
@@ -678,23 +663,7 @@ def test_parts_in_a_graph_loop_keep_every_example_once(strategy: Any) -> None:
     import keras_distrib
     from keras_distrib.trainers import ps_async
 
-    class IdSum(keras.metrics.Metric):
-        def __init__(self, name: str = "idsum", **kw: Any) -> None:
-            super().__init__(name=name, **kw)
-            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-
-        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-            self.total.assign_add(tf.reduce_sum(tf.cast(self.value(y_true), self.total.dtype)))
-
-        def value(self, y_true: Any) -> Any:
-            return y_true
-
-        def result(self) -> Any:
-            return self.total + 0.0
-
-    class Count(IdSum):
-        def value(self, y_true: Any) -> Any:
-            return tf.ones_like(y_true)
+    from id_metrics import Count, IdSum
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ps_async, "UNROLL_TRACE_BUDGET_S", 0.0)
@@ -702,7 +671,7 @@ def test_parts_in_a_graph_loop_keep_every_example_once(strategy: Any) -> None:
             with strategy.scope():
                 model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
                 model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse",
-                              metrics=[IdSum(), Count(name="count")])  # counts only
+                              metrics=[IdSum(), Count()])  # counts only
             ids = np.arange(n, dtype=np.float32)
             data = (ids, ids) if inputs == "arrays" else (tf.data.Dataset.from_tensor_slices((ids, ids)),)
             kw = {"batch_size": 10}
@@ -726,16 +695,7 @@ def test_a_part_its_stream_has_passed_reads_a_fresh_stream(strategy: Any) -> Non
     import keras_distrib
     from keras_distrib.trainers.ps_async import DynamicDatasetInput
 
-    class IdSum(keras.metrics.Metric):
-        def __init__(self, name: str = "idsum", **kw: Any) -> None:
-            super().__init__(name=name, **kw)
-            self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-
-        def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
-            self.total.assign_add(tf.reduce_sum(tf.cast(y_true, self.total.dtype)))
-
-        def result(self) -> Any:
-            return self.total + 0.0
+    from id_metrics import IdSum
 
     with strategy.scope():
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -207,7 +208,10 @@ def test_a_worker_killed_in_a_counted_epoch_of_files_is_restarted_and_later_epoc
     exact = [e for e in range(epochs) if e != killed]
     assert [result["count"][e] for e in exact] == [n] * len(exact), (SEED, result)
     assert [result["idsum"][e] for e in exact] == [n * (n - 1) / 2] * len(exact), (SEED, result)
-    # The killed epoch covers every example at least once (a closure lost with its worker is
-    # run again, and the restarted worker's shard starts afresh).
-    assert result["count"][killed] >= n, (SEED, result)
+    # The killed epoch trains on every example at least once: a closure lost with its worker
+    # is run again, the restarted worker reads its shard afresh, and files dealt whole end the
+    # epoch only when every shard has ended. Its metrics miss the closures whose results were
+    # lost with the worker after they ran (each named by a warning, up to 2 examples a step).
+    lost = sum(int(m) for m in re.findall(r"the result of a closure \((\d+) steps\) was lost", job.text()))
+    assert result["count"][killed] + 2 * lost >= n, (SEED, lost, result)
     assert not alive(sorted(job.seen))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 
 # The servers are the launcher's own (`python -m keras_distrib.servers` reads TF_CONFIG).
 SERVER_ARGV = [sys.executable, "-m", "keras_distrib.servers"]
@@ -60,7 +61,8 @@ def task_env(spec: dict[str, list[str]], task_type: str, index: int, layout: str
         KERAS_DISTRIB_LAYOUT=layout,
         CUDA_VISIBLE_DEVICES="",
         TF_CPP_MIN_LOG_LEVEL="2",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")])),
+        # tests/local too: the scripts import its shared test modules (id_metrics).
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), str(HERE), env.get("PYTHONPATH", "")])),
     )
     return env
 
