@@ -666,8 +666,9 @@ if __name__ == "__main__":
     job_main()
 
 
-def training_parser(doc: str | None) -> Any:
-    """The flags shared by the training benchmarks (on top of --smoke/--rounds/--out)."""
+def training_parser(doc: str | None, timed_epochs: int = 1) -> Any:
+    """The flags shared by the training benchmarks (on top of --smoke/--rounds/--out);
+    ``timed_epochs``: the benchmark's default ``--timed-epochs``."""
     from _harness import parser
 
     p = parser(doc or "")
@@ -675,9 +676,9 @@ def training_parser(doc: str | None) -> Any:
     p.add_argument("--batch", type=int, default=64, help="examples per optimizer update (default 64)")
     p.add_argument("--k", type=int, default=10, help="steps per scheduled function / tf.function call (default 10)")
     p.add_argument("--steps", type=int, default=None, help="steps per timed epoch (default per model)")
-    p.add_argument("--timed-epochs", type=int, default=None,
-                   help="epochs timed per side and round, after an untimed one (default 1; 3 with "
-                        "--exact-epochs-only: its pairs differ by a few %%, one epoch's noise is about 15 %%)")
+    p.add_argument("--timed-epochs", type=int, default=timed_epochs,
+                   help=f"epochs timed per side and round, after an untimed one (default {timed_epochs}; "
+                        "a --smoke run times 1)")
     return p
 
 
@@ -718,12 +719,8 @@ def model_runs(args: Any, steps_table: dict[str, int], default_steps: int) -> tu
 
 
 def timed_epochs(args: Any) -> int:
-    """``--timed-epochs``, or its default (`training_parser`)."""
-    if args.smoke:
-        return 1
-    if args.timed_epochs is not None:
-        return args.timed_epochs
-    return 3 if getattr(args, "exact_epochs_only", False) else 1
+    """``--timed-epochs`` (a smoke run: 1)."""
+    return 1 if args.smoke else args.timed_epochs
 
 
 def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]],
@@ -743,14 +740,15 @@ def each_model(args: Any, rounds: int, runs: list[tuple[str, str, int, int]],
 
 def throughput_main(doc: str | None, benchmark: str, steps_table: dict[str, int], default_steps: int,
                     compare: Callable[[Any, str, Callable[..., Any]], tuple[list[Any], dict[str, Any]]],
-                    title: Callable[[Any, int], str], add_arguments: Callable[[Any], None] | None = None) -> None:
+                    title: Callable[[Any, int], str], add_arguments: Callable[[Any], None] | None = None,
+                    timed_epochs: int = 1) -> None:
     """The main() of a throughput benchmark: per model, ``compare(args, name, run)`` launches
     its clusters and returns (its comparisons, {label: steps/s per side}); then the table
     titled ``title(args, rounds)`` and the saved results. ``add_arguments(parser)``: the
-    benchmark's own options."""
+    benchmark's own options; ``timed_epochs``: its default ``--timed-epochs``."""
     from _harness import print_table, save
 
-    p = training_parser(doc)
+    p = training_parser(doc, timed_epochs)
     if add_arguments is not None:
         add_arguments(p)
     args = p.parse_args()

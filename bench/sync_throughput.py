@@ -17,7 +17,7 @@ synthetic data, same global batch (split over the two workers; tf_keras input fr
 DatasetCreator sharded by input pipeline). Per model one launcher run; inside it every
 side alternates round by round, each round a fit of one untimed epoch of S steps (the
 FileSource sides: two, the first counts the shards) and ``--timed-epochs`` timed ones (default
-1; 3 with ``--exact-epochs-only``). Ratios are of steps/s, median and min-max over rounds.
+3). Ratios are of steps/s, median and min-max over rounds.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def main() -> None:
                                          f"(global batch {args.batch}, K={args.k}, {rounds} rounds of "
                                          f"{timed_epochs(args)} timed epochs)",
                     lambda p: p.add_argument("--exact-epochs-only", action="store_true",
-                                             help="only issue 27's sides (exact epochs)"))
+                                             help="only issue 27's sides (exact epochs)"),
+                    timed_epochs=3)
 
 
 if __name__ == "__main__":

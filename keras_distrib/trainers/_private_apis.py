@@ -94,6 +94,25 @@ def per_worker_iterator(coordinator: Any, make_iterators: Sequence[Callable[...,
     return coord_values.PerWorkerDistributedIterator(iters)
 
 
+def closures_run_again(coordinator: Any) -> int:
+    """How many closures the coordinator has queued again since its start: a closure whose
+    worker failed is put back at the end of the queue, behind closures scheduled after it.
+
+    Upstream: no public count; ``_cluster.closure_queue.put_back`` is wrapped (once) to count.
+    """
+    closures = coordinator._cluster.closure_queue
+    if not hasattr(closures, "_keras_distrib_put_back"):
+        original = closures.put_back
+        closures._keras_distrib_put_back = 0
+
+        def put_back(closure: Any) -> Any:
+            closures._keras_distrib_put_back += 1
+            return original(closure)
+
+        closures.put_back = put_back
+    return closures._keras_distrib_put_back
+
+
 def scheduled_concrete_function(coordinator: Any, function: Any, args: tuple[Any, ...]) -> Any:
     """The trace ``coordinator.schedule(function, args=args)`` would run.
 

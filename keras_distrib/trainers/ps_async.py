@@ -1277,11 +1277,31 @@ class ParameterServerTrainer(Trainer):
             # Hardly a closure could be sure (shards within a window of their ends): one
             # closure kind, one trace.
             sure_steps = None
+        # A closure whose worker fails is queued again behind the later ones, so a sure one
+        # may run after guarded ones that read its shard to the end, and find the end. After
+        # such a failure the epoch goes on with guarded closures until every shard has ended;
+        # without one, counted files have changed (`files_changed`).
+        run_again = private.closures_run_again(self.coordinator) if sure_steps is not None else 0
+        ended_early: list[Exception] = []  # what the sure closures that found their shard's end raised
+
+        def shard_ended(error: Exception) -> None:
+            if sure_steps is None:
+                raise error
+            if not any(error is seen for seen in ended_early):  # the queue raises a closure's error again
+                ended_early.append(error)
+            logger.debug("a closure sent unguarded found its shard's end: %s", str(error).splitlines()[0])
 
         def fold_oldest() -> None:
             n, rv = pending.popleft()
             try:
                 vector, logs = rv.fetch(), None
+            except tf.errors.OutOfRangeError as e:  # its updates up to the end were applied
+                shard_ended(e)
+                return
+            except tf.errors.CancelledError:
+                if not ended_early:
+                    raise
+                return  # cancelled with the queue when a closure found its shard's end: never ran
             except (tf.errors.UnavailableError, tf.errors.AbortedError):
                 lost.append(n)  # where its steps ran is unknown: no closure is sure any more
                 # The closure ran (a failed one is re-run by the coordinator, and its
@@ -1331,10 +1351,14 @@ class ParameterServerTrainer(Trainer):
                         # Sure: every shard holds n more steps past all those in flight, wherever
                         # they run, so this closure runs unguarded (`sure_steps`; counted
                         # files: the unguarded steps of steps_per_epoch).
-                        sure = sure_steps is not None and not lost and shards_can_fill(
+                        sure = sure_steps is not None and not lost and not ended_early and shards_can_fill(
                             sure_steps, done, sum(m for m, _ in pending), n)
-                        pending.append((n, schedule(steps_arg(n, k), inp.endless or sure, inp.counted, 0, None, 1,
-                                                    False, 0)))
+                        try:
+                            pending.append((n, schedule(steps_arg(n, k), inp.endless or sure, inp.counted, 0, None,
+                                                        1, False, 0)))
+                        except tf.errors.OutOfRangeError as e:  # raised once, the queue cancelled
+                            shard_ended(e)
+                            continue
                     scheduled += n
                 if not pending:
                     break
@@ -1350,13 +1374,22 @@ class ParameterServerTrainer(Trainer):
                         fold_oldest()
                     self._after_train_epoch()
                     hooks.checkpoint_now()
+        if ended_early:
+            if private.closures_run_again(self.coordinator) == run_again and not lost:
+                if inp.learned:
+                    raise files_changed(inp, "a closure found its shard's end early")
+                raise ended_early[0]
+            logger.warning("%d closure(s) sent unguarded found their shard's end after a worker failed and its "
+                           "closures ran again: this epoch went on with guarded closures to every shard's end "
+                           "(its logs miss the steps those closures ran; some examples were seen twice).",
+                           len(ended_early))
         if (isinstance(inp, PerWorkerInput) and inp.learns and steps is None and not by_hook and not lost
-                and len(exhausted) == self.num_workers):
+                and not ended_early and len(exhausted) == self.num_workers):
             # Every shard ran to its end in this epoch. Sure closures pay off where every
             # shard fills one past a full window in flight.
             inp.learn(done, k * (window + 1))
         if (sure_steps is not None and isinstance(inp, PerWorkerInput) and inp.learned and not by_hook and not lost
-                and all(n == 1 for n in inp.made) and len(exhausted) == self.num_workers
+                and private.closures_run_again(self.coordinator) == run_again and all(n == 1 for n in inp.made) and len(exhausted) == self.num_workers
                 and [done.get(i, 0) for i in range(self.num_workers)] != sure_steps):
             raise files_changed(inp, f"this epoch's held {[done.get(i, 0) for i in range(self.num_workers)]}")
         return totals

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher_utils import alive, wait_for
-from test_resilience_local import SCRIPT, Job, checkpoints, newer_checkpoint
+from test_resilience_local import COUNTED, SCRIPT, Job, checkpoints, lost_examples, newer_checkpoint
 
 HANG_TIMEOUT = 20
 # The naming line comes HANG_TIMEOUT after the freeze plus a poll or two; a loaded machine
@@ -74,7 +74,9 @@ def test_ps_layout_names_and_restarts_a_frozen_worker_a_frozen_ps_and_a_frozen_c
         if job.proc.poll() is None:
             job.proc.kill()
     assert code == 0, job.text()[-4000:]
-    assert job.result("[local0 chief:0]")["step"] == epochs * steps
+    # A worker frozen after its closure counted, killed, then runs it again: the closure counts
+    # twice (docs/faults.md's window, as in test_resilience_local).
+    assert job.result("[local0 chief:0]")["step"] in (epochs * steps, epochs * steps + 10)
     files = stacks_files(job)
     assert len(files) == 3 and all("made no progress" in text and "thread" in text for text in files.values()), files
     assert not alive(sorted(job.seen | set(stopped)))
@@ -104,6 +106,35 @@ def test_allreduce_names_the_frozen_worker_not_the_peer_that_exited(tmp_path: Pa
     assert first["step"] == second["step"] == epochs * steps
     assert first["weights"] == second["weights"]
     assert stacks_files(job), job.text()[-3000:]
+    assert not alive(sorted(job.seen | {pid}))
+
+
+def test_a_worker_frozen_in_a_counted_epoch_of_files_is_named_restarted_and_later_epochs_are_exact(
+        tmp_path: Path) -> None:
+    """ps, files in a cache (`FileSource(cache=True)`): the first epoch counts each worker's
+    batches, the later ones send unguarded closures. A worker frozen in the third epoch holds
+    it until --hang-timeout, is named, killed and restarted; the fit ends, and the epochs
+    other than the frozen one see every example once."""
+    epochs, frozen = 4, 2
+    job = HungJob(["--nodes", "2", "--port-base", "26400", "--startup-timeout", "600", "--hang-timeout", "10",
+                   str(COUNTED), str(tmp_path), str(epochs)], tmp_path)
+    try:
+        assert wait_for(lambda: (tmp_path / f"started-{frozen}").exists(), 600), job.text()[-3000:]
+        pid = job.stop("worker:1")
+        line = r"worker:1 on local1 made no progress for \d+ s \(state: stopped\).*restarting it \(1/3\)"
+        assert wait_for(lambda: len(job.named(line)) == 1, NAMED_WITHIN), job.text()[-3000:]
+        code = job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    assert code == 0, job.text()[-4000:]
+    assert len(job.named("made no progress")) == 1, job.text()[-3000:]  # not the idle worker, not the chief
+    result = job.result("[local0 chief:0]")
+    n = result["n"]
+    exact = [e for e in range(epochs) if e != frozen]
+    assert [result["count"][e] for e in exact] == [n] * len(exact), result
+    assert [result["idsum"][e] for e in exact] == [n * (n - 1) / 2] * len(exact), result
+    assert result["count"][frozen] + lost_examples(job, batch_size=2) >= n, result
     assert not alive(sorted(job.seen | {pid}))
 
 
