@@ -597,6 +597,8 @@ class Agent(Membership):
             )
             return
         self.restarts += 1
+        if what:  # a stuck process, perhaps on another node: the chief here waits for its restart
+            self.hangs.restart_clocks()
         targets = restart_targets(self.plan, dead)
         self.log.info(restart_line(label, describe_exit(code), targets, dead, self.restarts, budget, what))
         self.done_agents.clear()

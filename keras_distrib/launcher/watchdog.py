@@ -18,7 +18,8 @@ SCRIPT inside fit/evaluate whose counter did not move for ``max(hang_timeout, 3 
 longest gap between two counts so far)`` once it has counted in that call (the start-up
 and the first step's compilation come before the first count: --startup-timeout covers
 those; what SCRIPT does outside fit is not judged). Stopped processes
-are named first: a ps or worker frozen under a chief is the cause of the chief's silence.
+are named first: a ps or worker frozen under a chief is the cause of the chief's silence,
+and the SCRIPTs it silenced start their clocks anew when it is named (they wait for its restart).
 """
 
 from __future__ import annotations
@@ -186,6 +187,12 @@ class Watch:
                 track.counted = False  # fit ended: what SCRIPT does next is its own business
         return self._verdict(now, samples)
 
+    def restart_clocks(self, now: float) -> None:
+        """A process the others may wait for is being restarted: their silence starts anew."""
+        for track in list(self.tracks.values()):  # also called from the agent's thread
+            if not track.reported:
+                track.changed_at = now
+
     def _verdict(self, now: float, samples: Mapping[Hashable, Sample]) -> Verdict | None:
         frozen: list[tuple[int, float, Hashable]] = []
         silent: list[tuple[float, Hashable]] = []
@@ -214,6 +221,8 @@ class Watch:
         others = tuple(k for _, _, k in frozen if k != culprit.key) + tuple(k for _, k in silent if k != culprit.key)
         for key in (culprit.key, *others):
             self.tracks[key].reported = True
+        if culprit.stopped:
+            self.restart_clocks(now)  # the SCRIPTs it silenced also wait for its restart
         return Verdict(culprit.key, culprit.seconds, culprit.state, culprit.stopped, others)
 
 
@@ -439,6 +448,12 @@ class HangGuard:
     def stop(self) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
+
+    def restart_clocks(self) -> None:
+        """A stuck process (here or on another node) is being restarted: the SCRIPTs here
+        that wait for it are not judged on that wait."""
+        if self.watchdog is not None:
+            self.watchdog.watch.restart_clocks(self.watchdog.clock())
 
     def keep(self, child: Any, what: str) -> str:
         """Keep ``child``'s stacks; where they are, for the line (with why no frames if so)."""

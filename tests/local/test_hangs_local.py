@@ -116,7 +116,8 @@ def test_a_worker_frozen_in_a_counted_epoch_of_files_is_named_restarted_and_late
     it until --hang-timeout, is named, killed and restarted; the fit ends, and the epochs
     other than the frozen one see every example once."""
     epochs, frozen = 4, 2
-    job = HungJob(["--nodes", "2", "--port-base", "26400", "--startup-timeout", "600", "--hang-timeout", "10",
+    job = HungJob(["--nodes", "2", "--port-base", "26400", "--startup-timeout", "600", "--hang-timeout",
+                   str(HANG_TIMEOUT),
                    str(COUNTED), str(tmp_path), str(epochs)], tmp_path)
     try:
         assert wait_for(lambda: (tmp_path / f"started-{frozen}").exists(), 600), job.text()[-3000:]

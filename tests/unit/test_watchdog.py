@@ -111,6 +111,19 @@ def test_the_frozen_process_is_named_not_the_chief_it_silenced() -> None:
     assert verdict.key == "worker:1" and verdict.stopped and "chief:0" in verdict.others
 
 
+def test_the_scripts_a_frozen_process_silenced_get_a_new_clock_when_it_is_named() -> None:
+    # worker:1 stopped at 300 s; the chief counted last at 310 s (a closure on worker:0), and
+    # waits for worker:1's restart: it counts again 30 s after worker:1 was named and
+    # replaced (a new pid), and is not named for that wait.
+    def sample(t: float) -> dict[str, Sample]:
+        chief = Sample("S", int(min(t, 310) / 2) + 1 if t < 450 else int(t / 2), True)
+        worker = {("worker:1", 1): Sample("T" if t >= 300 else "S")} if t < 425 else {("worker:1", 2): Sample("S")}
+        return {"chief:0": chief, "worker:0": Sample("S"), **worker}
+
+    verdicts = run(Watch(H, 5), every(5, 1000, sample))
+    assert [(v.key, v.others) for _, v in verdicts] == [(("worker:1", 1), ())]
+
+
 def test_stopped_before_blocked_and_the_longest_first() -> None:
     def sample(t: float) -> dict[str, Sample]:
         return {"ps:0": Sample("D" if t >= 10 else "S"), "ps:1": Sample("T" if t >= 50 else "S"),
