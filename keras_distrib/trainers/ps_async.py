@@ -1389,7 +1389,8 @@ class ParameterServerTrainer(Trainer):
             # shard fills one past a full window in flight.
             inp.learn(done, k * (window + 1))
         if (sure_steps is not None and isinstance(inp, PerWorkerInput) and inp.learned and not by_hook and not lost
-                and private.closures_run_again(self.coordinator) == run_again and all(n == 1 for n in inp.made) and len(exhausted) == self.num_workers
+                and private.closures_run_again(self.coordinator) == run_again and all(n == 1 for n in inp.made)
+                and len(exhausted) == self.num_workers
                 and [done.get(i, 0) for i in range(self.num_workers)] != sure_steps):
             raise files_changed(inp, f"this epoch's held {[done.get(i, 0) for i in range(self.num_workers)]}")
         return totals
