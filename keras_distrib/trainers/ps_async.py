@@ -1374,8 +1374,10 @@ class ParameterServerTrainer(Trainer):
                         fold_oldest()
                     self._after_train_epoch()
                     hooks.checkpoint_now()
+        # A closure queued again (its worker failed): this epoch's shards were read anew.
+        failed_over = sure_steps is not None and private.closures_run_again(self.coordinator) != run_again
         if ended_early:
-            if private.closures_run_again(self.coordinator) == run_again and not lost:
+            if not failed_over and not lost:
                 if inp.learned:
                     raise files_changed(inp, "a closure found its shard's end early")
                 raise ended_early[0]
@@ -1389,7 +1391,7 @@ class ParameterServerTrainer(Trainer):
             # shard fills one past a full window in flight.
             inp.learn(done, k * (window + 1))
         if (sure_steps is not None and isinstance(inp, PerWorkerInput) and inp.learned and not by_hook and not lost
-                and private.closures_run_again(self.coordinator) == run_again and all(n == 1 for n in inp.made)
+                and not failed_over and all(n == 1 for n in inp.made)
                 and len(exhausted) == self.num_workers
                 and [done.get(i, 0) for i in range(self.num_workers)] != sure_steps):
             raise files_changed(inp, f"this epoch's held {[done.get(i, 0) for i in range(self.num_workers)]}")
