@@ -114,6 +114,59 @@ def backup_and_restore(backup_dir: str, **kwargs: Any) -> Any:
     return JobBackupAndRestore(backup_dir, **kwargs)
 
 
+def predict(model: Any, x: Any, *, batch_size: int | None = None, verbose: Any = 0, **_: Any) -> Any:
+    """Every row of ``x``, in order, on every process of a jax layout (no collective).
+
+    Keras' own ``model.predict`` fails there with several processes: its outputs span the
+    devices of every process and cannot be read as NumPy ("Fetching value for `jax.Array`
+    that spans non-addressable ... devices"). DataParallel replicates every variable, so
+    each process predicts all rows on its first local device from its own copy of the
+    weights, with the model's ``predict_step`` as Keras calls it.
+
+    ``x``: arrays (a dict or list of them too) or a batched ``tf.data.Dataset`` of ``x``
+    or ``(x, y[, sample_weight])``, as ``model.predict`` takes them.
+    """
+    import jax
+    import keras
+    import numpy as np
+
+    device = jax.local_devices()[0]
+    local = lambda v: jax.device_put(np.asarray(v.value.addressable_data(0)), device)  # noqa: E731
+    state = ([local(v) for v in model.trainable_variables], [local(v) for v in model.non_trainable_variables])
+
+    def step(state: Any, batch: Any) -> Any:
+        return model.predict_step(state, batch)[0]  # Keras' JAX predict_step(state, data)
+
+    run = jax.jit(step)
+    outputs = []
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)  # one device: no sharding of inputs or outputs
+    try:
+        for batch in _local_batches(x, batch_size or 32):
+            outputs.append(jax.tree_util.tree_map(np.asarray, run(state, batch)))
+    finally:
+        keras.distribution.set_distribution(previous)
+    return jax.tree_util.tree_map(lambda *rows: np.concatenate(rows), *outputs)
+
+
+def _local_batches(x: Any, batch_size: int) -> Any:
+    """The ``data`` Keras' predict_step gets for each batch of ``x`` (arrays, or a batched
+    tf.data.Dataset), as NumPy."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    if isinstance(x, tf.data.Dataset):
+        for element in x.as_numpy_iterator():
+            inputs = keras.utils.unpack_x_y_sample_weight(element)[0] if isinstance(element, tuple) else element
+            yield (inputs,) if isinstance(inputs, (list, tuple)) else inputs
+        return
+    n = len(keras.tree.flatten(x)[0])
+    for start in range(0, n, batch_size):
+        part = keras.tree.map_structure(lambda a: np.asarray(a)[start:start + batch_size], x)
+        yield (part,) if isinstance(part, (list, tuple)) else part
+
+
 @functools.cache
 def _scratch_dir() -> str:
     scratch = tempfile.mkdtemp(prefix="keras_distrib-")

@@ -172,7 +172,17 @@ def predict(model: Any, x: Any, *, strategy: Any = None, **kwargs: Any) -> Any:
     returns all rows. All-reduce: call it on every worker (like fit); each worker predicts
     its shard and every worker returns all rows. ``batch_size`` as in ``fit``; ``steps``
     keeps the first ``steps`` batches, as Keras does. Outside a job: ``model.predict``.
+    jax layouts: every process predicts every row (`keras_distrib.jax_distribution.predict`).
     """
+    import os
+
+    from .. import contract
+    from ..plan import JAX_LAYOUTS
+
+    if contract.layout(os.environ) in JAX_LAYOUTS:
+        from ..jax_distribution import predict as jax_predict
+
+        return jax_predict(model, x, **kwargs)
     if _single_process(model, strategy):
         return model.predict(x, **{"verbose": 0, **kwargs})
     return trainer_for(model, strategy).predict(x, **kwargs)

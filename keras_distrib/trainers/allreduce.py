@@ -376,8 +376,9 @@ class AllReduceTrainer(Trainer):
     # weighs 0), ``global_n`` is the number of real examples of the step over all replicas.
 
     def _losses(self, x: Any, y: Any, y_pred: Any, sw: Any, mask: Any, global_n: Any,
-                training: bool) -> tuple[Any, Any]:
-        """(loss to differentiate, sum of the local real examples' losses incl. regularisation)."""
+                training: bool, state: list[Any]) -> tuple[Any, Any, Any]:
+        """(loss to differentiate, sum of the local real examples' losses incl. regularisation,
+        the scope the per-output loss trackers of the metric ``state`` were updated in)."""
         import tensorflow as tf
 
         model, replicas = self.model, self.strategy.num_replicas_in_sync
@@ -385,22 +386,24 @@ class AllReduceTrainer(Trainer):
         w = mask if sw is None else tf.cast(tf.reshape(sw, tf.shape(mask)), tf.float32) * mask
         # Keras divides every compiled and added loss by the replicas in sync
         # (keras.losses.loss.scale_loss_for_distribution): undo that to get the mean.
-        total = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)
+        with self.metrics.loss_scope(state) as scope:
+            total = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=w, training=training)
         mean = tf.cast(total, tf.float32) * replicas - reg
         # Keras' mean over the local batch (padding weighs 0) -> sum over real examples.
         local_sum = mean * tf.cast(batch_size_of(x), tf.float32)
-        return local_sum / global_n + reg / replicas, local_sum + reg * tf.reduce_sum(mask)
+        return local_sum / global_n + reg / replicas, local_sum + reg * tf.reduce_sum(mask), scope
 
     def _fold(self, totals: dict[str, Any], y: Any, y_pred: Any, sw: Any, mask: Any, loss_sum: Any,
-              finite: Any) -> dict[str, Any]:
+              finite: Any, loss_scope: Any) -> dict[str, Any]:
         """The step's loss, count and metric state folded into ``totals`` (real examples only)."""
         import tensorflow as tf
 
         real = mask > 0
-        keep = lambda t: None if t is None else tf.boolean_mask(t, real)  # noqa: E731
-        state = self.metrics.update(totals["state"], tf.nest.map_structure(keep, y),
-                                    tf.nest.map_structure(keep, y_pred), None if sw is None else keep(sw))
+        keep = lambda t: None if t is None else real_rows(t, real)  # noqa: E731
         n = tf.reduce_sum(mask)
+        state = self.metrics.update(totals["state"], tf.nest.map_structure(keep, y),
+                                    tf.nest.map_structure(keep, y_pred), None if sw is None else keep(sw),
+                                    loss_scope=loss_scope, rows=batch_size_of(mask), examples=n)
         # step_totals folds mean*n: pass the sum's mean over the real examples.
         return step_totals(totals, tf.math.divide_no_nan(loss_sum, n), n, state, finite)
 
@@ -411,22 +414,22 @@ class AllReduceTrainer(Trainer):
         x, y, sw = unpack(batch)
         with tf.GradientTape() as tape:
             y_pred = model(x, training=True)
-            loss, loss_sum = self._losses(x, y, y_pred, sw, mask, global_n, training=True)
+            loss, loss_sum, scope = self._losses(x, y, y_pred, sw, mask, global_n, training=True, state=totals["state"])
         grads = tape.gradient(loss, model.trainable_variables)
         # Sparse (embedding) gradients all-reduced dense: TensorFlow all-gathers
         # IndexedSlices with collectives whose shapes must match on every worker and
         # did not with 3 workers ("Shape mismatch in the collective instance").
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         self.optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return self._fold(totals, y, y_pred, sw, mask, loss_sum, all_finite([loss] + list(grads)))
+        return self._fold(totals, y, y_pred, sw, mask, loss_sum, all_finite([loss] + list(grads)), scope)
 
     def test_step(self, batch: Any, mask: Any, totals: dict[str, Any], global_n: Any) -> dict[str, Any]:
         import tensorflow as tf
 
         x, y, sw = unpack(batch)
         y_pred = self.model(x, training=False)
-        _, loss_sum = self._losses(x, y, y_pred, sw, mask, global_n, training=False)
-        return self._fold(totals, y, y_pred, sw, mask, loss_sum, tf.constant(True))
+        _, loss_sum, scope = self._losses(x, y, y_pred, sw, mask, global_n, training=False, state=totals["state"])
+        return self._fold(totals, y, y_pred, sw, mask, loss_sum, tf.constant(True), scope)
 
     # ------------------------------------------------------------ the chunk functions
 
@@ -708,3 +711,19 @@ class AllReduceTrainer(Trainer):
                 f"every worker and held {int(totals.count)}{' (as counted in an earlier epoch)' if inp.learned else ''}. "
                 f"{hint}")
         return totals
+
+
+def real_rows(t: Any, real: Any) -> Any:
+    """The rows of ``t`` where ``real`` is True, carrying the logits a sigmoid or softmax
+    output carries (Keras' ``_keras_logits``, or the activation's input, as Keras'
+    ``_get_logits`` finds them): Keras' cross-entropies compute from those logits, so the
+    metrics of the real rows read what they read on an unpadded batch."""
+    import tensorflow as tf
+
+    kept = tf.boolean_mask(t, real)
+    logits = getattr(t, "_keras_logits", None)
+    if logits is None and getattr(getattr(t, "op", None), "type", None) in ("Softmax", "Sigmoid"):
+        logits = t.op.inputs[0]
+    if logits is not None:
+        kept._keras_logits = tf.boolean_mask(logits, real)
+    return kept

@@ -197,7 +197,7 @@ class Trainer:
     # ------------------------------------------------------------ shared helpers
 
     def _ensure_metrics(self, inp: Any) -> None:
-        if self.metrics.metric is not None and not self.metrics.metric.built:
+        if self.metrics.needs_build:
             import contextlib
 
             # The model's own steps update the compiled metrics' variables in place (as

@@ -39,47 +39,154 @@ def batch_size_of(x: Any) -> Any:
 
 
 class MetricSet:
-    """The model's compiled metrics, used statelessly (see the module docstring)."""
+    """The model's compiled metrics and its per-output loss trackers, used statelessly (see
+    the module docstring).
+
+    The state is one list: the compiled metrics' variables, then the (total, count) of each
+    per-output loss tracker (the ``Mean`` that Keras' ``CompileLoss`` keeps per output of a
+    multi-output model: its ``<output>_loss`` logs). The trackers are updated by ``model.compute_loss``
+    itself, so a step runs it inside a ``StatelessScope`` holding `loss_mapping` and hands
+    the scope to `update`.
+    """
 
     def __init__(self, model: Any) -> None:
+        self.model = model
         self.metric = private.compiled_metrics(model)
+        self.loss_trackers: list[Any] = list(getattr(private.compiled_loss(model), "metrics", None) or [])
 
     def build(self, model: Any, sample_batch: Any) -> None:
-        """Create the compiled metrics' variables from one sample batch (on this process)."""
-        if self.metric is None or self.metric.built:
+        """Create the compiled metrics' and loss trackers' variables from one sample batch (on this process)."""
+        compiled_loss = private.compiled_loss(model)
+        if not self.needs_build:
+            self.loss_trackers = list(getattr(compiled_loss, "metrics", None) or [])
             return
-        x, y, _ = unpack(sample_batch)
+        x, y, sample_weight = unpack(sample_batch)
         if y is None:
             self.metric = None
             return
+        import keras
+
         y_pred = model(x, training=False)
-        self.metric.build(y, y_pred)
+        # One update and one loss, in a scope that changes no variable, as Keras'
+        # ``_symbolic_build``: metrics such as F1Score and R2Score create their state on their
+        # first update, and CompileLoss its per-output trackers on its first call.
+        with keras.StatelessScope():
+            if self.metric is not None and not self.metric.built:
+                self.metric.build(y, y_pred)
+                self.metric.update_state(y, y_pred, sample_weight=sample_weight)
+            if compiled_loss is not None and not compiled_loss.built:
+                model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+        self.loss_trackers = list(getattr(compiled_loss, "metrics", None) or [])
+
+    @property
+    def needs_build(self) -> bool:
+        """True until `build` has created the compiled metrics' and loss trackers' variables."""
+        compiled_loss = private.compiled_loss(self.model)
+        return (self.metric is not None and not self.metric.built) or (compiled_loss is not None and not compiled_loss.built)
 
     @property
     def active(self) -> bool:
-        return self.metric is not None and bool(self.metric.variables)
+        return bool(self._compiled_variables or self.loss_trackers)
+
+    @property
+    def _compiled_variables(self) -> list[Any]:
+        return list(self.metric.variables) if self.metric is not None else []
+
+    def _split(self, state: list[Any]) -> tuple[list[Any], list[Any]]:
+        k = len(self._compiled_variables)
+        return list(state[:k]), list(state[k:])
 
     def initial_state(self) -> list[Any]:
         """Reset-state tensors (call inside the traced function)."""
-        return list(self.metric.stateless_reset_state()) if self.active else []
+        compiled = list(self.metric.stateless_reset_state()) if self._compiled_variables else []
+        import keras
 
-    def update(self, state: list[Any], y: Any, y_pred: Any, sample_weight: Any) -> list[Any]:
-        if not self.active:
-            return state
-        return list(self.metric.stateless_update_state(state, y, y_pred, sample_weight=sample_weight))
+        zeros = [keras.ops.zeros((), v.dtype) for tracker in self.loss_trackers for v in (tracker.total, tracker.count)]
+        return compiled + zeros
+
+    def loss_mapping(self, state: list[Any]) -> list[tuple[Any, Any]]:
+        """The loss trackers' variables mapped to their part of ``state``: for the
+        ``StatelessScope`` that ``model.compute_loss`` runs in (empty: no trackers)."""
+        _, tracked = self._split(state)
+        variables = [v for tracker in self.loss_trackers for v in (tracker.total, tracker.count)]
+        return list(zip(variables, tracked))
+
+    def loss_scope(self, state: list[Any]) -> Any:
+        """A ``StatelessScope`` of `loss_mapping` for ``model.compute_loss`` (a null context
+        when there are no trackers: a model's own ``compute_loss`` then writes as in Keras)."""
+        import contextlib
+
+        import keras
+
+        mapping = self.loss_mapping(state)
+        return keras.StatelessScope(state_mapping=mapping) if mapping else contextlib.nullcontext()
+
+    def update(self, state: list[Any], y: Any, y_pred: Any, sample_weight: Any, *,
+               loss_scope: Any = None, rows: Any = None, examples: Any = None) -> list[Any]:
+        """``state`` advanced by one step: the compiled metrics on ``(y, y_pred, sample_weight)``,
+        the loss trackers from what ``compute_loss`` left in ``loss_scope`` (see `_tracked`)."""
+        compiled, tracked = self._split(state)
+        if self._compiled_variables:
+            compiled = list(self.metric.stateless_update_state(compiled, y, y_pred, sample_weight=sample_weight))
+        if self.loss_trackers and loss_scope is not None:
+            tracked = self._tracked(tracked, loss_scope, rows, examples)
+        return compiled + tracked
+
+    def _tracked(self, tracked: list[Any], scope: Any, rows: Any, examples: Any) -> list[Any]:
+        """Each loss tracker's (total, count) after one step: its loss (a mean over the
+        step's ``rows``, padding rows weighing 0) times ``rows``, over ``examples`` (the
+        real ones). Keras weighs the step by the batch's static size, or by 1 when that size
+        is unknown, as in a traced step: the mean over the examples does not depend on how
+        they were batched."""
+        import keras
+
+        out = []
+        for i, tracker in enumerate(self.loss_trackers):
+            total, count = tracked[2 * i], tracked[2 * i + 1]
+            new_total, new_count = scope.get_current_value(tracker.total), scope.get_current_value(tracker.count)
+            if new_total is None or new_count is None:
+                out += [total, count]
+                continue
+            loss = keras.ops.divide_no_nan(new_total - total, new_count - count)
+            out += [total + loss * keras.ops.cast(rows, total.dtype), count + keras.ops.cast(examples, count.dtype)]
+        return out
 
     def reset_numpy(self) -> list[np.ndarray]:
-        if not self.active:
-            return []
-        return [np.asarray(t) for t in self.metric.stateless_reset_state()]
+        return [np.asarray(t) for t in self.initial_state()] if self.active else []
 
-    def results(self, state: list[np.ndarray]) -> dict[str, float]:
+    def results(self, state: list[np.ndarray]) -> dict[str, Any]:
+        """The compiled metrics' and loss trackers' results on ``state``, flattened as Keras'
+        logs (scalars as floats)."""
         if not self.active:
             return {}
-        res = self.metric.stateless_result([np.asarray(s) for s in state])
-        if not isinstance(res, dict):
-            res = {self.metric.name: res}
-        return {k: float(np.asarray(v)) for k, v in res.items()}
+        compiled, tracked = self._split([np.asarray(s) for s in state])
+        logs: dict[str, Any] = {}
+        if self._compiled_variables:
+            res = result_values(self.metric, compiled)
+            logs.update(pythonify_logs(res if isinstance(res, dict) else {self.metric.name: res}))
+        for i, tracker in enumerate(self.loss_trackers):
+            total, count = tracked[2 * i], tracked[2 * i + 1]
+            logs[tracker.name] = float(total / count) if count else 0.0
+        return logs
+
+
+def result_values(metric: Any, state: Sequence[Any]) -> Any:
+    """``metric.result()`` computed on ``state`` (one value per ``metric.variables``), as NumPy
+    values in the structure ``result()`` returns.
+
+    Keras' ``stateless_result`` returns what ``result()`` returns, read after its stateless
+    scope has closed: a metric whose ``result()`` returns its variable (``return self.n``, as
+    many users write it) would then give the variable, whose own value is the reset one. The
+    values are read here inside the scope, as Keras' ``get_metrics_result`` reads them from
+    the live variables.
+    """
+    import keras
+
+    def value(v: Any) -> np.ndarray:
+        return np.asarray(keras.ops.convert_to_numpy(keras.ops.convert_to_tensor(v)))
+
+    with keras.StatelessScope(state_mapping=list(zip(metric.variables, state))):
+        return keras.tree.map_structure(value, metric.result())
 
 
 def pythonify_logs(logs: Any) -> dict[str, Any]:

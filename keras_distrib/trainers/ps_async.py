@@ -812,15 +812,18 @@ class ParameterServerTrainer(Trainer):
     # ``(loss, examples, metric state, finite, ...)``; the model's own train_step/test_step
     # replace them when its class overrides them (`steps`).
 
-    def _forward(self, x: Any, y: Any, sw: Any, values: list[Any], held: list[Any]) -> tuple[Any, Any, list[Any], Any]:
+    def _forward(self, x: Any, y: Any, sw: Any, values: list[Any], held: list[Any],
+                 state: list[Any]) -> tuple[Any, Any, list[Any], Any]:
         """The gradient block, written once: ``(loss, y_pred, grads, scope)`` with the trainable
-        variables read as ``values`` and the layer state as ``held`` (a StatelessScope, so the
-        step's new layer state is read from ``scope`` and nothing is written meanwhile)."""
+        variables read as ``values``, the layer state as ``held`` and the loss trackers as
+        their part of the metric ``state`` (a StatelessScope, so the step's new layer state
+        and loss trackers are read from ``scope`` and nothing is written meanwhile)."""
         import keras
         import tensorflow as tf
 
         model = self.model
-        mapping = list(zip(model.trainable_variables, values)) + list(zip(model.non_trainable_variables, held))
+        mapping = (list(zip(model.trainable_variables, values)) + list(zip(model.non_trainable_variables, held))
+                   + self.metrics.loss_mapping(state))
         with tf.GradientTape() as tape:
             tape.watch(values)
             with keras.StatelessScope(state_mapping=mapping) as scope:
@@ -840,11 +843,11 @@ class ParameterServerTrainer(Trainer):
         x, y, sw = unpack(batch)
         values = packing.read_packed(variables, groups)
         held = packing.read_packed(state_variables, state_groups)
-        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held)
+        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held, state)
         packing.add_back(scope, state_variables, held)  # no update lost between workers
         self.optimizer.apply_gradients(zip(packing.send_packed(grads, groups), variables))
         finite = all_finite([loss] + list(grads))
-        return loss, batch_size_of(x), self.metrics.update(state, y, y_pred, sw), finite
+        return loss, batch_size_of(x), self._metrics_after(state, batch, y_pred, scope), finite
 
     def test_step(self, batch: Any, state: list[Any]) -> tuple[Any, Any, list[Any], Any]:
         import tensorflow as tf
@@ -852,8 +855,15 @@ class ParameterServerTrainer(Trainer):
         model = self.model
         x, y, sw = unpack(batch)
         y_pred = model(x, training=False)
-        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
-        return loss, batch_size_of(x), self.metrics.update(state, y, y_pred, sw), tf.constant(True)
+        with self.metrics.loss_scope(state) as scope:
+            loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)
+        return loss, batch_size_of(x), self._metrics_after(state, batch, y_pred, scope), tf.constant(True)
+
+    def _metrics_after(self, state: list[Any], batch: Any, y_pred: Any, scope: Any) -> list[Any]:
+        """The metric ``state`` after one step of ``batch`` (``scope``: where compute_loss ran)."""
+        x, y, sw = unpack(batch)
+        n = batch_size_of(x)
+        return self.metrics.update(state, y, y_pred, sw, loss_scope=scope, rows=n, examples=n)
 
     def stale_train_step(self, batch: Any, state: list[Any], values: list[Any], held: list[Any]) -> tuple[Any, ...]:
         """Gradients at the closure's snapshot ``values`` (opt-in stale reads); the layer
@@ -861,11 +871,11 @@ class ParameterServerTrainer(Trainer):
         import tensorflow as tf
 
         x, y, sw = unpack(batch)
-        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held)
+        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held, state)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, values)]
         new_held = self._new_state(scope, self.model.non_trainable_variables, held)
         finite = all_finite([loss] + grads)
-        return loss, batch_size_of(x), self.metrics.update(state, y, y_pred, sw), finite, grads, new_held
+        return loss, batch_size_of(x), self._metrics_after(state, batch, y_pred, scope), finite, grads, new_held
 
     def apply_stale(self, grads: list[Any], before: list[Any], after: list[Any]) -> Any:
         import tensorflow as tf
@@ -885,18 +895,18 @@ class ParameterServerTrainer(Trainer):
         opt_floats = self._opt_floats
         values, held, slots, iterations = local
         x, y, sw = unpack(batch)
-        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held)
+        loss, y_pred, grads, scope = self._forward(x, y, sw, values, held, state)
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         new_held = self._new_state(scope, self.model.non_trainable_variables, held)
         finite = all_finite([loss] + grads)
         mapping = list(zip(variables, values)) + list(zip(opt_floats, slots)) + [(opt.iterations, iterations)]
-        with keras.StatelessScope(state_mapping=mapping) as scope:
+        with keras.StatelessScope(state_mapping=mapping) as applied:
             private.stateless_apply(view, grads, variables)
-            now = [scope.get_current_value(v) for v in [*variables, *opt_floats, opt.iterations]]
+            now = [applied.get_current_value(v) for v in [*variables, *opt_floats, opt.iterations]]
         old = [*values, *slots, iterations]
         now = [o if n is None else n for n, o in zip(now, old)]
         local = (now[:len(values)], new_held, now[len(values):-1], now[-1])
-        return loss, batch_size_of(x), self.metrics.update(state, y, y_pred, sw), finite, local
+        return loss, batch_size_of(x), self._metrics_after(state, batch, y_pred, scope), finite, local
 
     @property
     def _groups(self) -> tuple[list[Any], list[Any]]:
