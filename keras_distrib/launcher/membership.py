@@ -1,4 +1,4 @@
-"""Elastic membership, the agent's policy for it (docs/faults.md, Node loss; issue 25).
+"""Elastic membership, the agent's policy for it (docs/faults.md, Node loss).
 
 ``Membership`` is a part of ``agent.Agent`` (a mixin over the agent's state): a node lost
 with --min-nodes (the job re-forms on the survivors), a dropped agent that reconnects (it

@@ -296,3 +296,20 @@ def make_increments_atomic(variable: Any) -> None:
     import types
 
     variable.assign_add = types.MethodType(_atomic_assign_add, variable)
+
+
+def rows_with_logits(t: Any, real: Any) -> Any:
+    """The rows of ``t`` where ``real`` is True, carrying the logits of a sigmoid or softmax
+    output. Upstream: Keras' cross-entropies compute from the ``_keras_logits`` its
+    activations attach to their output, or from the input of a ``Softmax``/``Sigmoid`` op
+    (``backend/tensorflow/nn.py``, ``_get_logits``); a masked tensor has neither, so the
+    metrics of the real rows would read other values than on an unpadded batch."""
+    import tensorflow as tf
+
+    kept = tf.boolean_mask(t, real)
+    logits = getattr(t, "_keras_logits", None)
+    if logits is None and getattr(getattr(t, "op", None), "type", None) in ("Softmax", "Sigmoid"):
+        logits = t.op.inputs[0]
+    if logits is not None:
+        kept._keras_logits = tf.boolean_mask(logits, real)
+    return kept

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .. import data as kd_data
+from . import _private_apis as private
 from . import steps as step_contract
 from ._common import FitStream, TrainerError, empty_like, resolve_strategy
 from .base import ChunkHooks, Trainer, steps_for_shards
@@ -399,7 +400,7 @@ class AllReduceTrainer(Trainer):
         import tensorflow as tf
 
         real = mask > 0
-        keep = lambda t: None if t is None else real_rows(t, real)  # noqa: E731
+        keep = lambda t: None if t is None else private.rows_with_logits(t, real)  # noqa: E731
         n = tf.reduce_sum(mask)
         state = self.metrics.update(totals["state"], tf.nest.map_structure(keep, y),
                                     tf.nest.map_structure(keep, y_pred), None if sw is None else keep(sw),
@@ -711,19 +712,3 @@ class AllReduceTrainer(Trainer):
                 f"every worker and held {int(totals.count)}{' (as counted in an earlier epoch)' if inp.learned else ''}. "
                 f"{hint}")
         return totals
-
-
-def real_rows(t: Any, real: Any) -> Any:
-    """The rows of ``t`` where ``real`` is True, carrying the logits a sigmoid or softmax
-    output carries (Keras' ``_keras_logits``, or the activation's input, as Keras'
-    ``_get_logits`` finds them): Keras' cross-entropies compute from those logits, so the
-    metrics of the real rows read what they read on an unpadded batch."""
-    import tensorflow as tf
-
-    kept = tf.boolean_mask(t, real)
-    logits = getattr(t, "_keras_logits", None)
-    if logits is None and getattr(getattr(t, "op", None), "type", None) in ("Softmax", "Sigmoid"):
-        logits = t.op.inputs[0]
-    if logits is not None:
-        kept._keras_logits = tf.boolean_mask(logits, real)
-    return kept

@@ -1,114 +1,25 @@
 """Asynchronous parameter-server training for Keras 3 models (ParameterServerStrategy).
 
-Design notes (why):
+Contracts (the decisions behind them, with their measurements: docs/performance.md,
+"The parameter-server trainer's decisions"):
 
-* Steps per scheduled function (K, ``steps_per_execution``): a scheduled closure costs
-  ~1.5 ms of coordinator overhead, so each closure runs K steps in a loop inside one
-  tf.function. Measured on this 2-core box (examples/digits_distrib.py, MLP 64-128-64-10,
-  batch 64, 2 workers + 1 ps, last of 6 epochs): K=1 67 steps/s, K=5 176, K=10 190,
-  K=20 191 -> default K=10 (the knee; more only delays progress/callback updates).
-* Unrolled chunks: the K steps are unrolled in the trace (a Python loop) rather than a
-  ``tf.range`` graph loop. A loop whose body touches variables on the ps is split across
-  devices, and every iteration then pays cross-device loop control on top of the
-  variable traffic; unrolled, each step is plain dataflow. Measured with
-  bench/ps_throughput.py's cluster (mlp, 4 rounds, ratio to the hand-written
-  ``tf.range`` loop): graph loop 0.90, unrolled 1.13 (cnn 1.04). Chunks longer than
-  `MAX_UNROLLED_STEPS`, of big models (`MAX_UNROLLED_VARIABLE_STEPS`), or whose first
-  step was slow to trace (`UNROLL_TRACE_BUDGET_S`), keep the graph loop after that step,
-  to bound trace time and graph size (a model of five lookup branches, 2 workers: its
-  first epoch took 60 s unrolled, 18 s so).
-* Packed variable traffic (trainers/packing.py): each step reads the variables of each
-  ps as one flat tensor and sends the gradients back as one, instead of one transfer per
-  variable. Measured (same cluster, 600/240 timed steps, 3 rounds, ratio to the unrolled
-  hand-written loop): mlp 0.915 -> 1.127, cnn 0.908 -> 1.139.
-* Exact step: Keras 3 ``optimizer.iterations`` loses increments under concurrent workers
-  (read-modify-write), so a separate int64 ``global_step`` on a ps is advanced with
-  ``assign_add`` (atomic on the ps). Each closure reserves its K step numbers with one
-  ``assign_add(K)`` and starts ``optimizer.iterations`` at the first of them, so LR
-  schedules and Adam's bias correction see the true step (up to the chunks in flight on
-  other workers), and at every epoch end the chief sets ``iterations`` to the exact
-  counter, so checkpoints and callbacks see it exactly. (If a worker dies mid-closure the
-  coordinator re-runs the closure, which reserves new numbers: the count then includes
-  the lost closure's steps, some of whose updates were applied.)
-* Exact epochs: closures go to whichever worker is free, so counting steps over a
-  repeated per-worker dataset cannot give exact epochs (a fast worker reads past its
-  shard). Instead every epoch gets fresh, finite per-worker iterators over disjoint shards
-  (each worker its own dataset function with its shard index baked in, because upstream
-  ``create_per_worker_dataset`` gives every worker the same stream). A closure runs up to
-  K steps and returns how many examples it consumed, its shard index and whether the
-  shard ran out; the chief schedules closures until every example was counted (size
-  known) or every shard reported exhaustion. Closures that land on an exhausted worker
-  return at once. With ``steps_per_epoch`` the iterators repeat and exactly that many
-  steps run per epoch.
-* Dynamic epochs (issue 28): with fixed shards an epoch ends when the slowest worker has
-  finished its own. Unbatched arrays are handed out in parts instead (`DynamicInput`):
-  every worker holds them whole, and each closure gets the row numbers of up to K steps
-  of some shard, so a slow worker runs fewer parts, and no step needs a guard (each
-  part's size is known). A ``tf.data.Dataset`` of known size likewise
-  (`DynamicDatasetInput`): every worker reads the same numbered stream of the fixed
-  shards' batches and each closure gets the number of its first batch.
-  Measured: bench/straggler.py (row 16), bench row 13.
-* Guards: a step that may find its shard ended runs in a ``tf.cond``; one per step ran at
-  0.8x the steps/s of one per closure (an ad-hoc 3-round A/B, 2026-11-26, on the MLP of
-  bench/_train_jobs.py, 1 worker + 1 ps: 144 against 181; 204 with ``steps_per_epoch``).
-  Where tf.data knows each shard's size (arrays, self-loaded data), every element
-  carries how many are left in its shard (`with_countdown`), and each closure looks once:
-  K steps unguarded, or the shard's last few in a graph loop. That one look still cost
-  10 % (0.87x ``steps_per_epoch``), so the chief sends a closure without it whenever
-  every shard holds its K steps past all the steps in flight (`shards_can_fill`: 0.99x).
-  Files dealt to workers are counted in their first whole epoch (`PerWorkerInput.learn`);
-  later epochs send such closures as the unguarded steps of ``steps_per_epoch`` (one more
-  trace) and keep the guarded ones (the first epoch's trace) for the shards' tails.
-  Inputs whose shard size tf.data does not know (a user's ``tf.data`` rebuilt from its
-  graph, PyDataset) keep a guard per step, and pipelines that call the chief's Python
-  keep one closure kind per epoch (a second one traced while such a pipeline ran hung
-  the chief in TF's ``Context.add_c_function``).
-* Scheduling: closures are scheduled as ConcreteFunctions looked up once per epoch
-  (`_scheduler`); given the tf.function, ``ClusterCoordinator.schedule`` looks the trace
-  up for every closure (cProfile of the chief, 100 closures under load: 3.7 -> 0.44 ms
-  per closure in ``schedule``).
-* Closure results: every closure returns its loss/count/steps/metric-state sums packed
-  into one float64 vector, because the chief pays one remote copy per fetched tensor
-  (5 tensors -> 1: chief CPU in the timed epoch of bench/ps_throughput.py mlp 18% ->
-  10% of a core, ~199 -> ~231 steps/s). The chunk size is a Python int baked into the
-  trace (no chief tensor sent per closure). The chief folds the results in order as they
-  arrive, so epoch logs stay exact.
-* Callbacks: batch hooks are called at closure granularity: ``on_train_batch_begin``
-  when a closure is scheduled, ``on_train_batch_end`` (index of the closure's last step,
-  running logs) when its result reaches the chief; ``model.stop_training`` is checked
-  there and stops further scheduling.
-* Validation/evaluate run the same way over the validation shards.
-* Opt-in stale reads (``stale_reads``, ``keras_distrib.fit(..., ps_stale_reads=True)``;
-  changes the semantics, so never the default): bench/ps_step_breakdown.py shows a step
-  waiting for the previous update on the ps (read, compute, send, apply: two process hops
-  per step). With stale reads a closure reads the variables once and computes its K
-  gradients at those values; each step is two conds with the same predicate, a compute
-  cond that touches no variable (so the next step's compute need not wait for this
-  step's update) and an apply cond on the ps. Non-trainable state (BatchNorm statistics,
-  dropout seeds) is read once too, carried from step to step on the worker and written
-  after each update. The K steps are always unrolled. Measured under load (1 worker +
-  1 ps, 3 rounds): 1.6x (MLP) / 1.3x (CNN) the default steps/s.
-* Opt-in local steps (``local_steps``, ``keras_distrib.fit(..., ps_local_steps=True)``;
-  changes the semantics with more than one worker): a closure reads the weights, the
-  layer state and the optimizer's variables once (packed), runs its K steps on that local
-  copy with Keras' own optimizer math on tensors (`_private_apis.stateless_optimizer`),
-  and adds the change of each to the ps once (packed ``assign_add``, atomic, so
-  concurrent workers lose nothing). No ps round trip per step: a step costs what it costs
-  in one process. With one worker this is exactly sequential training (tested against
-  ``train_on_batch``); with k workers it is asynchronous local SGD: a worker's K steps do
-  not see the others' updates made meanwhile, and the weight changes add up. The
-  optimizer's variables get 1/k of each closure's change: they are moving averages
-  (Adam's moments), and k workers' changes from one starting point added in full
-  overshoot (with beta_1 0.9, K=10 and 3 workers the first moment's old value would get
-  the factor 3 * 0.9**10 - 2 = -0.95 instead of 0.35; measured: the CNN of
-  bench/accuracy_parity.py 12.5 points below one process). Averaged, it is the moving
-  average over the K steps of the workers' mean input.
-* The model's own ``train_step``/``test_step`` (docs/keras-contract.md): when the model's
-  class overrides one, each step of a closure calls it (compiled once by
-  `steps.compiled_step`, under ``strategy.run``) instead of ours; the variables stay on the
-  ps, its optimizers apply there, and the closure returns what the last step returned
-  besides the counts. Its metrics and optimizers' step counters are updated in place by
-  every worker, so their ``assign_add`` is made atomic (as for ``iterations``).
+* A scheduled closure runs up to K steps (``steps_per_execution``, default 10) of one
+  worker's shard and returns its loss/count/steps/metric-state sums packed in one float64
+  vector; the chief folds the results in order, so epoch logs are exact.
+* Exact step: an int64 ``global_step`` on a ps advances with atomic ``assign_add``; each
+  closure reserves its K step numbers, and ``optimizer.iterations`` is set to the counter
+  at every epoch end. A closure a dead worker ran is run again (at least once).
+* Exact epochs: every example of every shard once per epoch. Arrays and ``tf.data`` of
+  known size are handed out dynamically in parts (`DynamicInput`, `DynamicDatasetInput`)
+  so a slow worker runs fewer; other inputs keep fixed per-worker shards
+  (`PerWorkerInput`), files counted in their first epoch. A step that may find its shard
+  ended is guarded; closures every shard can fill run unguarded.
+* With ``steps_per_epoch`` the iterators repeat and exactly that many steps run.
+* Callbacks see batch hooks at closure granularity; ``model.stop_training`` stops
+  scheduling at the next closure.
+* Opt-in modes that change the semantics: stale reads (gradients at the closure's first
+  read of the weights) and local steps (K steps on a local copy, changes added to the ps).
+* A model's own ``train_step``/``test_step`` runs for every step, variables on the ps.
 """
 
 from __future__ import annotations
@@ -445,7 +356,7 @@ class _Gathered:
 
 
 class DynamicInput:
-    """Exact epochs handed out dynamically (issue 28): the shards are today's (element ``i``
+    """Exact epochs handed out dynamically: the shards are today's (element ``i``
     to shard ``i % k``, each batched on its own, so the steps of an epoch are the same), but
     every worker holds the whole arrays and a part of any shard (up to K of its steps) goes
     to whichever worker is free, so a slow worker runs fewer parts instead of holding the
@@ -509,7 +420,7 @@ class DynamicInput:
 
 
 class DynamicDatasetInput:
-    """Exact epochs of a ``tf.data.Dataset`` of known size handed out dynamically (issue 28).
+    """Exact epochs of a ``tf.data.Dataset`` of known size handed out dynamically.
 
     Every worker builds the same stream of the fit's epochs (the dataset's own shuffles are
     seeded alike on every worker, per epoch, as with fixed shards:
@@ -521,7 +432,7 @@ class DynamicDatasetInput:
     and trains on its own. Every worker reads the whole epoch, as it does with fixed shards
     (``Dataset.shard`` keeps 1 element in k of the whole pipeline); a whole run per element
     rather than a batch: a stream of batches, cut by ``flat_map``, cost about 1.5 ms more
-    per step than fixed shards (2 workers, an MLP, 2026-11-27).
+    per step than fixed shards (docs/performance.md).
 
     A worker takes its closures in order, so its stream only moves forward; a closure the
     coordinator re-runs on another worker (its first worker was lost) may find that
