@@ -29,10 +29,11 @@ from _jobs import free_port_base
 SCRIPT = r'''
 import json, sys, time
 import numpy as np, keras, keras_distrib
-from keras_distrib.trainers import ps_async, trainer_for
+from keras_distrib.trainers import trainer_for
+from keras_distrib.trainers.ps import ParameterServerTrainer
 
 rounds = int(sys.argv[1])
-bounded = ps_async.ParameterServerTrainer._window
+bounded = ParameterServerTrainer._window
 def full(self, per_shard=None, done=None, k=None):
     return bounded(self)  # without the shards' sizes: the full window
 rng = np.random.default_rng(0)
@@ -50,11 +51,11 @@ out = {"epoch_bounded": [], "epoch_full": [], "predict_once": [], "predict_retra
 for r in range(rounds):
     sides = [("epoch_bounded", bounded), ("epoch_full", full)]
     for name, window in (sides if r % 2 == 0 else sides[::-1]):
-        ps_async.ParameterServerTrainer._window = window
+        ParameterServerTrainer._window = window
         t = time.perf_counter()
         keras_distrib.fit(model, (x, y), epochs=3, batch_size=16, validation_data=(x, y), verbose=0)
         out[name].append((time.perf_counter() - t) / 3)
-    ps_async.ParameterServerTrainer._window = bounded
+    ParameterServerTrainer._window = bounded
     for name in (("predict_once", "predict_retraced") if r % 2 == 0 else ("predict_retraced", "predict_once")):
         if name == "predict_retraced":
             for key in [k for k in trainer._fns if isinstance(k, tuple) and k[0] == "predict"]:

@@ -13,7 +13,7 @@ model on the same data (bench/_train_jobs.py):
 * ``ps_chunk_read``: + the variables read packed from the ps once per step (Adam still
   updates a worker-local copy, so the steps stay sequential);
 * ``ps_chunk_read_send``: the gradients sent back packed and Adam applied on the ps instead;
-* ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps_async.py), with
+* ``keras_distrib``: the full trainer (`keras_distrib.fit`, trainers/ps/), with
   ``steps_per_epoch`` (the input repeats: no guard per step);
 * ``keras_distrib_exact_epochs``: the same without ``steps_per_epoch``, one exact pass
   per epoch over as many batches (arrays: handed out in parts of K known steps);

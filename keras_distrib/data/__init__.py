@@ -14,7 +14,7 @@
 
 `Source` objects describe data without materialising it per worker; the trainers ask
 ``pipeline(source, index, count, ...)`` once per worker (a ParameterServerStrategy worker
-gets its own dataset function with its index baked in, see ``trainers/ps_async.py``).
+gets its own dataset function with its index baked in, see ``trainers/ps/handout.py``).
 Nothing here imports TensorFlow at import time.
 """
 

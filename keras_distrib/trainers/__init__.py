@@ -32,7 +32,7 @@ _TRAINERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 def __getattr__(name: str) -> Any:
     if name == "ParameterServerTrainer":
-        from .ps_async import ParameterServerTrainer
+        from .ps import ParameterServerTrainer
 
         return ParameterServerTrainer
     if name == "AllReduceTrainer":
@@ -79,7 +79,7 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
                     setattr(cached, attr, bool(on))
         return cached
     if kind == "ps":
-        from .ps_async import ParameterServerTrainer
+        from .ps import ParameterServerTrainer
 
         trainer: Any = ParameterServerTrainer(model, strategy, steps_per_execution=steps_per_execution,
                                               stale_reads=bool(ps_stale_reads), local_steps=bool(ps_local_steps))

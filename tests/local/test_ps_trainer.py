@@ -224,7 +224,7 @@ def test_steps_per_epoch_runs_exactly_that_many_unguarded_steps(strategy: Any, d
     input with an empty shard (1 example, 2 workers) keeps the guards and does not fail."""
     import keras_distrib
     from keras_distrib import data as kd
-    from keras_distrib.trainers.ps_async import PerWorkerInput
+    from keras_distrib.trainers.ps.handout import PerWorkerInput
 
     x_train, _, y_train, _ = digits
     options = {} if mode == "default" else {mode: True}
@@ -336,11 +336,11 @@ def test_local_steps_option_keeps_exact_epochs_steps_and_layer_state(strategy: A
 def test_long_chunks_run_as_a_graph_loop(strategy: Any, digits: Any) -> None:
     """K above MAX_UNROLLED_STEPS takes the tf.range path; the remainder chunk is unrolled."""
     import keras_distrib
-    from keras_distrib.trainers import ps_async
+    from keras_distrib.trainers.ps import compiler
 
     x_train, _, y_train, _ = digits
     model = build(strategy)
-    k = ps_async.MAX_UNROLLED_STEPS + 8
+    k = compiler.MAX_UNROLLED_STEPS + 8
     history = keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, steps_per_epoch=k + 5,
                                 steps_per_execution=k, verbose=0, strategy=strategy)
     assert int(trainer_for(model).global_step.numpy()) == k + 5
@@ -353,7 +353,7 @@ def test_arrays_are_counted_and_inputs_of_unknown_size_are_guarded(strategy: Any
     import tensorflow as tf
 
     from keras_distrib import data as kd
-    from keras_distrib.trainers.ps_async import PerWorkerInput
+    from keras_distrib.trainers.ps.handout import PerWorkerInput
 
     coord = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     ids = np.arange(101, dtype=np.int64)
@@ -377,7 +377,8 @@ def test_arrays_are_handed_out_dynamically_and_other_inputs_keep_fixed_shards(st
     import tensorflow as tf
 
     from keras_distrib import data as kd
-    from keras_distrib.trainers.ps_async import DynamicDatasetInput, DynamicInput, ParameterServerTrainer, PerWorkerInput
+    from keras_distrib.trainers.ps import ParameterServerTrainer
+    from keras_distrib.trainers.ps.handout import DynamicDatasetInput, DynamicInput, PerWorkerInput
 
     with strategy.scope():
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
@@ -409,7 +410,7 @@ def test_arrays_are_handed_out_dynamically_and_other_inputs_keep_fixed_shards(st
     inp = trainer._input(kd.as_source((ids, ids)), batch_size=10, shuffle=False, seed=None, repeat=False)
     assert inp.steps == 11  # shards of 51 and 50 rows: 6 + 5 steps, as with fixed shards
     with pytest.MonkeyPatch.context() as patch:  # too big to send each worker whole
-        patch.setattr("keras_distrib.trainers.ps_async.MAX_DYNAMIC_BYTES", ids.nbytes)
+        patch.setattr("keras_distrib.trainers.ps.handout.MAX_DYNAMIC_BYTES", ids.nbytes)
         assert kind((ids, ids)) is PerWorkerInput
     trainer.dynamic_epochs = False
     assert kind((ids, ids)) is PerWorkerInput
@@ -466,7 +467,7 @@ def test_shards_counted_once_then_closures_they_can_fill_run_unguarded(strategy:
     counter equals the steps run."""
     import keras_distrib
     from keras_distrib import data as kd
-    from keras_distrib.trainers import ps_async
+    from keras_distrib.trainers.ps import chief
 
     sizes = [50, 130, 17, 203, 1, 88, 64]  # file j to worker j % 2: 132 and 421 examples
     n = sum(sizes)
@@ -483,19 +484,19 @@ def test_shards_counted_once_then_closures_they_can_fill_run_unguarded(strategy:
     trainer = trainer_for(model)
     trainer.dynamic_epochs = kind != "arrays_fixed_shards"  # arrays: the fixed shards, not the dynamic hand-out
     sure: list[bool] = []
-    real = ps_async.shards_can_fill
+    real = chief.shards_can_fill
 
     def spy(sizes: list[int], done: dict[int, int], in_flight: int, n: int) -> bool:
-        if done or in_flight:  # a closure's, not `_run`'s look before the epoch
+        if done or in_flight:  # a closure's, not the epoch run's look before it starts
             sure.append(real(sizes, done, in_flight, n))
             return sure[-1]
         return real(sizes, done, in_flight, n)
 
-    monkeypatch.setattr(ps_async, "shards_can_fill", spy)  # `_run` looks it up in the module
+    monkeypatch.setattr(chief, "shards_can_fill", spy)  # the epoch's run looks it up in its module
     said: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("keras_distrib.trainers.ps_async").addHandler(handler)  # keras_distrib's loggers do not propagate
+    logging.getLogger("keras_distrib.trainers.ps.handout").addHandler(handler)  # keras_distrib's loggers do not propagate
     import keras
 
     bar_steps: list[int] = []
@@ -524,7 +525,7 @@ def test_shards_counted_once_then_closures_they_can_fill_run_unguarded(strategy:
         assert len(counted) == (2 if kind.startswith("files") else 0)  # training's and validation's, once each
         assert all(f"hold {per_shard} batches every epoch" in m for m in counted)
     finally:
-        logging.getLogger("keras_distrib.trainers.ps_async").removeHandler(handler)
+        logging.getLogger("keras_distrib.trainers.ps.handout").removeHandler(handler)
 
 
 def test_an_in_memory_cache_of_files_lasts_across_exact_epochs(strategy: Any, tmp_path: Path) -> None:
@@ -601,7 +602,8 @@ def test_a_tf_data_stream_holds_the_batches_of_the_fixed_shards(strategy: Any, w
 
     from keras_distrib import data as kd
     from keras_distrib.trainers import _private_apis
-    from keras_distrib.trainers.ps_async import EPOCH_RUNS, PAST_THE_END, DynamicDatasetInput, batch_of_run
+    from keras_distrib.trainers.ps.handout import DynamicDatasetInput
+    from keras_distrib.trainers.ps.readers import EPOCH_RUNS, PAST_THE_END, batch_of_run
 
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
@@ -661,12 +663,12 @@ def test_parts_in_a_graph_loop_keep_every_example_once(strategy: Any) -> None:
     import tensorflow as tf
 
     import keras_distrib
-    from keras_distrib.trainers import ps_async
+    from keras_distrib.trainers.ps import compiler
 
     from id_metrics import Count, IdSum
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ps_async, "UNROLL_TRACE_BUDGET_S", 0.0)
+        patch.setattr(compiler, "UNROLL_TRACE_BUDGET_S", 0.0)
         for n, inputs in ((301, "arrays"), (301, "tf.data"), (97, "tf.data"), (97, "batched tf.data")):
             with strategy.scope():
                 model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
@@ -693,7 +695,7 @@ def test_a_part_its_stream_has_passed_reads_a_fresh_stream(strategy: Any) -> Non
     import tensorflow as tf
 
     import keras_distrib
-    from keras_distrib.trainers.ps_async import DynamicDatasetInput
+    from keras_distrib.trainers.ps.handout import DynamicDatasetInput
 
     from id_metrics import IdSum
 
@@ -715,7 +717,7 @@ def test_disjoint_shards_every_example_once(cluster: PsCluster, strategy: Any) -
     import tensorflow as tf
 
     from keras_distrib import data as kd
-    from keras_distrib.trainers.ps_async import PerWorkerInput
+    from keras_distrib.trainers.ps.handout import PerWorkerInput
 
     coord = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     ids = np.arange(1001, dtype=np.int64)

@@ -89,7 +89,7 @@ def test_a_streams_parts_are_full_but_for_the_epochs_tail(workers: int, k: int) 
     hold `full_part` batches, the count run unrolled (a Python int, as K is); 3 workers and
     K=10 give parts of 9, which ran in the slower counted loop before."""
     pytest.importorskip("tensorflow")
-    from keras_distrib.trainers.ps_async import DynamicDatasetInput, steps_arg
+    from keras_distrib.trainers.ps.handout import DynamicDatasetInput, steps_arg
 
     stream = object.__new__(DynamicDatasetInput)  # parts() needs only the run size
     stream.per_run = workers
@@ -149,7 +149,7 @@ def test_an_unguarded_closure_never_finds_its_shard_short(sizes: list[int], k: i
     folds them oldest first, at random moments; a guarded closure runs what its worker's
     shard has left. No unguarded closure finds fewer batches
     than its steps, every shard is drained, and all but each shard's tail runs unguarded."""
-    from keras_distrib.trainers.ps_async import shards_can_fill
+    from keras_distrib.trainers.ps.handout import shards_can_fill
 
     for seed in range(200):
         rng = np.random.default_rng(seed)

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.unit
 tf = pytest.importorskip("tensorflow")
 
 from keras_distrib import data as kd  # noqa: E402
-from keras_distrib.trainers.ps_async import ParameterServerTrainer, _Batches, with_countdown  # noqa: E402
+from keras_distrib.trainers.ps import ParameterServerTrainer  # noqa: E402
+from keras_distrib.trainers.ps.readers import Batches, with_countdown  # noqa: E402
 
 
 @pytest.mark.parametrize("n,batch,shards", [(0, 4, 1), (1, 4, 2), (10, 3, 3), (403, 16, 2), (31, 30, 3)])
@@ -51,6 +52,6 @@ def test_batches_give_the_fetched_one_first_then_the_rest() -> None:
     ds = with_countdown(tf.data.Dataset.range(5).batch(2))
     iterator = iter(ds)
     left, first = next(iterator)
-    batches = _Batches(iterator, first)
+    batches = Batches(iterator, first)
     got = [next(batches).numpy().tolist() for _ in range(int(left))]
     assert got == [[0, 1], [2, 3], [4]]

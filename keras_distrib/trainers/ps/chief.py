@@ -1,0 +1,225 @@
+"""The chief's closure queue for one epoch (`EpochRun`): what it schedules, how it folds the
+results in, and what a failure during the epoch means (recovery, decided in `EpochRun.end`).
+
+Nothing here imports TensorFlow at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from .. import _private_apis as private
+from ..base import ChunkHooks
+from ..metrics import Totals, unpack_totals
+from .handout import DynamicDatasetInput, DynamicInput, PerWorkerInput, files_changed, shards_can_fill, sizes_kept, steps_arg
+
+logger = logging.getLogger(__name__)
+
+
+class EpochRun:
+    """One epoch (or ``steps`` of it) of ``inp`` on ``trainer``'s workers: closures of K steps
+    scheduled until the epoch is complete, their results folded in order into `totals`."""
+
+    def __init__(self, trainer: Any, inp: Any, epoch: int, *, training: bool, steps: int | None,
+                 hooks: ChunkHooks) -> None:
+        self.trainer, self.inp, self.epoch, self.training, self.hooks = trainer, inp, epoch, training, hooks
+        self.k = trainer.steps_per_execution
+        self.dynamic = isinstance(inp, (DynamicInput, DynamicDatasetInput))
+        self.stream = isinstance(inp, DynamicDatasetInput)
+        self.steps = steps
+        self.iterator = self._iterator()  # before anything else reads inp for this epoch
+        if self.dynamic:
+            # A resumed training epoch (steps: what is left of it) continues where its
+            # checkpoint was; validation_steps takes the first steps.
+            first_step = inp.steps - min(steps, inp.steps) if training and steps is not None else 0
+            self.steps = inp.steps - first_step if steps is None else min(steps, inp.steps - first_step)
+            self.parts = inp.parts(epoch, first_step, self.steps, self.k)
+        self.reset = trainer.metrics.reset_numpy()
+        self.totals = Totals(self.reset)
+        self.pending: deque = deque()
+        self.exhausted: set[int] = set()
+        self.scheduled = 0  # steps scheduled so far (an upper bound of what will run)
+        self.done: dict[int, int] = {}  # steps folded per shard
+        # Where each shard's size is known, closures beyond what its shards still need are
+        # not scheduled (see `ParameterServerTrainer._window`).
+        self.per_shard = inp.per_shard if self.steps is None and not inp.endless else None
+        # Seconds from the start to each worker's last closure with steps: a worker whose
+        # shard is smaller (files dealt whole) idles after it, and is not slow for that.
+        self.busy: dict[int, float] = {}
+        self.started = time.perf_counter()
+        if training:
+            trainer.worker_steps, trainer.worker_busy = self.done, self.busy
+        self.lost: list[int] = []  # closures whose results were lost with their workers
+        self.ended_early: list[Exception] = []  # what the sure closures that found their shard's end raised
+        self.window = trainer._window()
+        self.sure_steps = self._sure_steps()
+        # A closure whose worker fails is queued again behind the later ones, so a sure one
+        # may run after guarded ones that read its shard to the end, and find the end (`end`).
+        self.run_again = private.closures_run_again(trainer.coordinator) if self.sure_steps is not None else 0
+        self.stopped = self.by_hook = False
+
+    def _sure_steps(self) -> list[int] | None:
+        """Each shard's known steps, where closures it can fill may run unguarded (else None)."""
+        inp = self.inp
+        sure = inp.sure_steps if isinstance(inp, PerWorkerInput) and self.steps is None else None
+        if sure is not None and not shards_can_fill(sure, {}, self.k * self.window, self.k):
+            # Hardly a closure could be sure (shards within a window of their ends): one
+            # closure kind, one trace.
+            return None
+        return sure
+
+    def _iterator(self) -> Any:
+        inp = self.inp
+        if isinstance(inp, DynamicInput):
+            return inp.full
+        if self.stream:  # one stream for the fit's epochs
+            return inp.iterator(self.epoch, self.trainer._last_epoch if self.training else None)
+        return inp.iterator(self.epoch)
+
+    def run(self) -> Totals:
+        """Schedule and fold closures until the epoch is complete, then `end` it."""
+        trainer, inp = self.trainer, self.inp
+        self.schedule = trainer._scheduler(trainer._fn(self.training), self.iterator)
+        if self.sure_steps is not None:
+            # Both kinds traced before the epoch's first closure: see `PerWorkerInput`.
+            for sure in (True, False):
+                self.schedule.trace(self.k, sure, inp.counted, 0, None, 1, False, 0)
+        with sizes_kept(inp, trainer.coordinator):
+            while True:
+                while (not self.stopped and not self.complete()
+                       and len(self.pending) < trainer._window(self.per_shard, self.done)):
+                    self.schedule_next()
+                if not self.pending:
+                    break
+                self.fold_oldest()
+                self.after_fold()
+        return self.end()
+
+    def complete(self) -> bool:
+        if self.steps is not None:
+            return self.scheduled >= self.steps
+        if len(self.exhausted) == self.trainer.num_workers:
+            return True
+        counted = self.totals.count if not self.inp.source.batched else self.totals.steps
+        return self.inp.expected is not None and counted >= self.inp.expected
+
+    def schedule_next(self) -> None:
+        """One more closure: the next part of a dynamic epoch, or K steps of a free worker's shard."""
+        import tensorflow as tf
+
+        inp, k = self.inp, self.k
+        n = k if self.steps is None else min(k, self.steps - self.scheduled)
+        in_flight = sum(m for m, _ in self.pending)
+        self.hooks.before(self.totals.steps + in_flight)
+        if self.dynamic:  # the next part of the epoch, to whichever worker is free
+            n, part = next(self.parts)
+            if self.stream:
+                offset, first = inp.offset(part), tf.constant(inp.first_batch(self.epoch, part), tf.int64)
+                rv = self.schedule(steps_arg(n, inp.full_part(k), offset), True, False, 0, first, inp.per_run,
+                                   inp.stacked, offset)
+            else:
+                rv = self.schedule(steps_arg(n, k), True, False, inp.batch_size, tf.constant(part, tf.int64), 1,
+                                   False, 0)
+            self.pending.append((n, rv))
+        else:  # every argument: a trace binds all
+            # Sure: every shard holds n more steps past all those in flight, wherever they
+            # run, so this closure runs unguarded (counted files: the unguarded steps of
+            # steps_per_epoch).
+            sure = (self.sure_steps is not None and not self.lost and not self.ended_early
+                    and shards_can_fill(self.sure_steps, self.done, in_flight, n))
+            try:
+                self.pending.append((n, self.schedule(steps_arg(n, k), inp.endless or sure, inp.counted, 0, None,
+                                                      1, False, 0)))
+            except tf.errors.OutOfRangeError as e:  # raised once, the queue cancelled
+                self.shard_ended(e)
+                return
+        self.scheduled += n
+
+    def after_fold(self) -> None:
+        """The callbacks' stop, the epoch's completion, and a due checkpoint, after each fold."""
+        self.by_hook = self.by_hook or (not self.stopped and self.hooks.stop())
+        self.stopped = self.stopped or self.by_hook
+        if self.steps is None and self.complete():
+            self.stopped = True  # the rest in flight find their shards empty
+        if not self.stopped and self.hooks.checkpoint_due(self.totals.steps):
+            # A mid-epoch checkpoint (or a preemption): let the closures in flight land
+            # so the saved step counter is exact, then save (and stop if preempted).
+            while self.pending:  # every part before the checkpoint has run
+                self.fold_oldest()
+            self.trainer._after_train_epoch()
+            self.hooks.checkpoint_now()
+
+    def shard_ended(self, error: Exception) -> None:
+        if self.sure_steps is None:
+            raise error
+        if not any(error is seen for seen in self.ended_early):  # the queue raises a closure's error again
+            self.ended_early.append(error)
+        logger.debug("a closure sent unguarded found its shard's end: %s", str(error).splitlines()[0])
+
+    def fold_oldest(self) -> None:
+        """The oldest closure's result folded into `totals` (or its loss noted)."""
+        import tensorflow as tf
+
+        n, rv = self.pending.popleft()
+        try:
+            vector, logs = rv.fetch(), None
+        except tf.errors.OutOfRangeError as e:  # its updates up to the end were applied
+            self.shard_ended(e)
+            return
+        except tf.errors.CancelledError:
+            if not self.ended_early:
+                raise
+            return  # cancelled with the queue when a closure found its shard's end: never ran
+        except (tf.errors.UnavailableError, tf.errors.AbortedError):
+            self.lost.append(n)  # where its steps ran is unknown: no closure is sure any more
+            # The closure ran (a failed one is re-run by the coordinator, and its value is
+            # set only by a run that finished), but its worker was lost before the chief
+            # copied the result off it. Its updates and steps are on the ps (the step
+            # counter stays exact); only its logs are gone.
+            logger.warning("the result of a closure (%d steps) was lost with its worker before "
+                           "the chief read it; its updates were applied, its loss and metrics are missing "
+                           "from this epoch's logs.", n)
+            return
+        if isinstance(vector, dict):  # the model's own step: its logs come along
+            vector, logs = vector["vector"], vector["logs"]
+        shard = int(vector[0])  # the worker's: steps per worker (stragglers, `_window`)
+        if vector[1]:
+            self.exhausted.add(shard)
+        out = unpack_totals(vector[2:], self.reset)
+        out["logs"] = logs
+        self.done[shard] = self.done.get(shard, 0) + int(out["steps"])
+        self.totals.add(out)
+        if out["steps"]:
+            self.busy[shard] = time.perf_counter() - self.started
+            self.hooks.after(self.totals.steps - 1, self.totals)
+
+    def end(self) -> Totals:
+        """The epoch's outcome, decided in one place: closures that found their shard's end
+        early (after a worker failed and its closures ran again: a warning; else changed
+        files: an error), and the first epoch's count of each shard of files learned."""
+        inp, workers = self.inp, self.trainer.num_workers
+        # A closure queued again (its worker failed): this epoch's shards were read anew.
+        failed_over = (self.sure_steps is not None
+                       and private.closures_run_again(self.trainer.coordinator) != self.run_again)
+        if self.ended_early:
+            if not failed_over and not self.lost:
+                if inp.learned:
+                    raise files_changed(inp, "a closure found its shard's end early")
+                raise self.ended_early[0]
+            logger.warning("%d closure(s) sent unguarded found their shard's end after a worker failed and its "
+                           "closures ran again: this epoch went on with guarded closures to every shard's end "
+                           "(its logs miss the steps those closures ran; some examples were seen twice).",
+                           len(self.ended_early))
+        whole = (not self.by_hook and not self.lost and len(self.exhausted) == workers)
+        if isinstance(inp, PerWorkerInput) and inp.learns and self.steps is None and whole and not self.ended_early:
+            # Every shard ran to its end in this epoch. Sure closures pay off where every
+            # shard fills one past a full window in flight.
+            inp.learn(self.done, self.k * (self.window + 1))
+        held = [self.done.get(i, 0) for i in range(workers)]
+        if (self.sure_steps is not None and isinstance(inp, PerWorkerInput) and inp.learned and whole
+                and not failed_over and all(n == 1 for n in inp.made) and held != self.sure_steps):
+            raise files_changed(inp, f"this epoch's held {held}")
+        return self.totals

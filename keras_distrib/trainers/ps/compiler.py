@@ -1,0 +1,359 @@
+"""The closure compiler: the tf.function a scheduled closure runs (up to K steps of one
+worker's shard, in the mode the trainer is in), with the unrolling rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .. import _private_apis as private
+from .. import packing
+from .. import steps as step_contract
+from ..metrics import batch_size_of, pack_totals, step_totals, unpack, zeros_totals
+from .readers import Batches, Gathered, skip_to
+
+logger = logging.getLogger(__name__)
+
+
+#: Chunks up to this many steps are unrolled in the trace; longer ones use a graph loop.
+MAX_UNROLLED_STEPS = 32
+
+#: ...and only while steps x trainable variables stays below this: trace time and graph
+#: size grow with both, and for big models the loop's per-step cost matters little.
+MAX_UNROLLED_VARIABLE_STEPS = 4000
+
+#: ...and only while the chunk's other steps would trace within this many seconds (at the
+#: first step's trace time): a step that is slow to trace is a big step, which the loop's
+#: per-step cost hardly slows, while each unrolled copy also costs the worker's compile.
+UNROLL_TRACE_BUDGET_S = 5.0
+
+
+def make_chunk_fn(trainer: Any, training: bool) -> Any:
+    """The tf.function one closure of ``trainer`` runs: up to K steps of a worker's shard
+    (``training``: train steps, else test steps), in the trainer's mode."""
+    return ChunkCompiler(trainer, training).compiled()
+
+
+class ChunkCompiler:
+    """The steps of one closure of ``trainer`` (``training``: train steps, else test steps).
+
+    A step kind advances a carry ``(totals, exhausted, extra)`` by one batch: `one_step`
+    (the default step, or the model's own ``train_step``/``test_step``), `one_stale_step`
+    and `one_local_step` (the opt-in modes). The loops (`steps`, `counted_steps`,
+    `sure_steps`, `loop`) run a kind K times over the closure's batches, unrolled or in a
+    graph loop; `run_chunk` is the function the chief schedules.
+    """
+
+    def __init__(self, trainer: Any, training: bool) -> None:
+        import keras
+
+        self.trainer, self.training = trainer, training
+        model = trainer.model
+        self.model, self.opt, self.step, self.metrics = model, trainer.optimizer, trainer.global_step, trainer.metrics
+        self.strategy = trainer.strategy
+        self.variables, self.state_variables = model.trainable_variables, model.non_trainable_variables
+        self.groups, self.state_groups = trainer._groups
+        method = "train_step" if training else "test_step"
+        # The model's own step (Keras' contract): run as compiled, its logs carried.
+        self.user_step = (step_contract.compiled_step(getattr(model, method), self.strategy)
+                          if method in trainer.custom_steps else None)
+        self.replica_step = trainer.train_step if training else trainer.test_step
+        if self.user_step is not None:
+            # The model's own steps update its metrics and optimizers in place on the ps, from
+            # every worker at once: Keras' read-modify-write increments would lose updates.
+            # Counters of its own too (add_weight + assign_add: 52 of 60 steps were counted).
+            for variable in [v for m in model.metrics for v in m.variables] + [
+                    o.iterations for o in step_contract.step_optimizers(model)] + [
+                    v for v in model.non_trainable_variables if isinstance(v, keras.Variable)]:
+                private.make_increments_atomic(variable)
+        self.opt_floats = trainer._opt_floats
+        self.opt_groups = packing.pack_groups(self.opt_floats)
+        self.view = private.stateless_optimizer(self.opt, self.variables) if training and trainer.local_steps else None
+
+    def compiled(self) -> Any:
+        return step_contract.compiled(self.run_chunk)
+
+    # ------------------------------------------------------------ step kinds
+
+    def one_local_step(self, iterator: Any, carry: tuple[dict[str, Any], Any, tuple[Any, ...]], endless: bool) -> Any:
+        # The cond's branches touch only the worker: no ps round trip per step.
+        import tensorflow as tf
+
+        totals, exhausted, local = carry
+        has_value, batch = next_input(iterator, endless)
+
+        def run() -> tuple[Any, ...]:
+            loss, n, state, finite, new_local = self.strategy.run(
+                self.trainer.local_train_step, args=(batch(), totals["state"], local, self.view))
+            return step_totals(totals, loss, n, state, finite), exhausted, new_local
+
+        return guarded(has_value, run, lambda: (totals, tf.constant(True), local))
+
+    def one_stale_step(self, iterator: Any, carry: tuple[dict[str, Any], Any, list[Any]], values: list[Any],
+                       endless: bool) -> Any:
+        # Two conds on purpose: the first (compute, on the worker) touches no variable,
+        # so the next step's compute does not wait for this step's update on the ps.
+        import tensorflow as tf
+
+        trainer, strategy = self.trainer, self.strategy
+        totals, exhausted, held = carry
+        has_value, batch = next_input(iterator, endless)
+
+        def run() -> tuple[Any, ...]:
+            loss, n, state, finite, grads, new_held = strategy.run(
+                trainer.stale_train_step, args=(batch(), totals["state"], values, held))
+            return step_totals(totals, loss, n, state, finite), exhausted, grads, new_held
+
+        def skip() -> tuple[Any, ...]:
+            return totals, tf.constant(True), [tf.zeros_like(v) for v in values], held
+
+        totals, exhausted, grads, new_held = guarded(has_value, run, skip)
+        guarded(has_value, lambda: strategy.run(trainer.apply_stale, args=(grads, held, new_held)),
+                lambda: tf.constant(False))
+        return totals, exhausted, new_held
+
+    def one_step(self, iterator: Any, carry: tuple[dict[str, Any], Any, Any], endless: bool) -> tuple[Any, Any, Any]:
+        import tensorflow as tf
+
+        totals, exhausted, logs = carry  # logs: what the model's own step returned last
+        has_value, batch = next_input(iterator, endless)
+        user_step = self.user_step
+
+        def run() -> tuple[Any, Any, Any]:
+            data = batch()
+            if user_step is not None:
+                out = user_step(data)
+                n = batch_size_of(unpack(data)[0])
+                return step_totals(totals, 0.0, n, totals["state"], step_contract.logs_finite(out)), exhausted, out
+            loss, n, state, finite = self.strategy.run(self.replica_step, args=(data, totals["state"]))
+            return step_totals(totals, loss, n, state, finite), exhausted, logs
+
+        return guarded(has_value, run, lambda: (totals, tf.constant(True), logs))
+
+    def first_logs(self, iterator: Any, counted: bool) -> Any:
+        # The value carried before the first step: zeros shaped like the step's logs
+        # (its trace, reused by every step; nothing runs here).
+        import tensorflow as tf
+
+        if self.user_step is None:
+            return ()
+        element = iterator.element_spec[1] if counted else iterator.element_spec
+        spec = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape, s.dtype), element)
+        return step_contract.output_zeros(self.user_step, spec)
+
+    def finish(self, shard: Any, totals: dict[str, Any], exhausted: Any, logs: Any, updates: list[Any]) -> Any:
+        import tensorflow as tf
+
+        head = tf.stack([tf.cast(shard, tf.float64), tf.cast(exhausted, tf.float64)])
+        result = tf.concat([head, pack_totals(totals)], axis=0)
+        if self.training:
+            # Counted last (atomic on the ps), after the last update and the result, so a
+            # closure lost with its worker before that point is not counted; its re-run is.
+            with tf.control_dependencies([result, *updates]):
+                with tf.control_dependencies([self.step.assign_add(totals["steps"])]):
+                    result = tf.identity(result)
+        return result if self.user_step is None else {"vector": result, "logs": logs}
+
+    # ------------------------------------------------------------ loops over a closure's batches
+
+    def counted_steps(self, iterator: Any, carry: tuple[Any, ...], num_steps: int, advance: Any, unroll: bool) -> Any:
+        """Up to ``num_steps`` steps over a counted shard (`with_countdown`): one look at
+        how many batches are left decides, for the whole closure, between the K steps
+        and the shard's last ``left`` steps (a graph loop, once per shard and epoch); no
+        step needs its own guard. One cond per closure still costs (docs/performance.md),
+        so the chief sends the closures it knows the shard can fill to `sure_steps` instead."""
+        import tensorflow as tf
+
+        optional = iterator.get_next_as_optional()
+
+        def some() -> tuple[Any, ...]:
+            left, first = optional.get_value()
+
+            def full() -> tuple[Any, ...]:
+                return self.sure_steps(iterator, carry, num_steps, advance, unroll, (left, first))
+
+            def rest() -> tuple[Any, ...]:
+                return finished(then(iterator, advance(Batches(iterator, first), carry), left - 1, advance), True)
+
+            return tf.cond(left >= tf.cast(num_steps, left.dtype), full, rest)
+
+        return tf.cond(optional.has_value(), some, lambda: finished(carry, True))
+
+    def sure_steps(self, iterator: Any, carry: tuple[Any, ...], num_steps: int, advance: Any, unroll: bool,
+                   element: Any = None) -> Any:
+        """``num_steps`` steps over a counted shard that holds at least that many batches
+        (the chief made sure, or ``element``, the first, says so): no look, no guard."""
+        import tensorflow as tf
+
+        left, first = next(iterator) if element is None else element
+        c, unroll_rest = first_step_then_decide(lambda: advance(Batches(iterator, first), carry), num_steps, unroll)
+        if unroll_rest:  # unrolled: docs/performance.md
+            for _ in range(num_steps - 1):
+                c = advance(Batches(iterator), c)
+        else:
+            c = then(iterator, c, tf.cast(num_steps - 1, left.dtype), advance)
+        return finished(c, tf.equal(left, tf.cast(num_steps, left.dtype)))
+
+    def steps(self, iterator: Any, carry: tuple[Any, ...], num_steps: int, endless: bool, counted: bool,
+              advance: Any, unroll: bool = True) -> tuple[Any, ...]:
+        """``num_steps`` calls of ``advance(batches, carry, endless)``, one step of the mode;
+        ``counted`` and ``endless``: a counted shard the chief knows can fill them."""
+        import tensorflow as tf
+
+        if counted and endless:
+            return self.sure_steps(iterator, carry, num_steps, lambda it, c: advance(it, c, True), unroll)
+        if counted:
+            return self.counted_steps(iterator, carry, num_steps, lambda it, c: advance(it, c, True), unroll)
+        if isinstance(num_steps, tf.Tensor):  # a part's remainder (`steps_arg`): all in a graph loop
+            return loop(iterator, carry, num_steps, 0, lambda it, c: advance(it, c, endless))
+        carry, unroll_rest = first_step_then_decide(lambda: advance(iterator, carry, endless), num_steps, unroll)
+        if unroll_rest:  # unrolled: docs/performance.md
+            for _ in range(num_steps - 1):
+                carry = advance(iterator, carry, endless)
+            return carry
+        return loop(iterator, carry, num_steps, 1, lambda it, c: advance(it, c, endless))
+
+    # ------------------------------------------------------------ the scheduled function
+
+    def run_chunk(self, iterator: Any, shard_ids: Any, num_steps: int, endless: bool = False,
+                  counted: bool = False, batch_size: int = 0, rows: Any = None, per_run: int = 1,
+                  stacked: bool = False, offset: int = 0) -> Any:
+        """One closure. ``num_steps`` is a Python int (K): a constant in the graph, so the K
+        steps can be unrolled; a part's remainder is a tensor (`steps_arg`): one graph loop
+        traced once for every remainder size.
+
+        ``endless``: every shard repeats and is not empty, so no step needs a guard.
+        ``counted``: each element carries how many are left in its shard (`with_countdown`);
+        with ``endless``, the chief knows the shard holds ``num_steps`` more (`shards_can_fill`).
+        ``rows``: the part of the epoch the chief handed out (`DynamicInput`): the rows of its
+        ``num_steps`` batches of ``batch_size``, gathered from the whole arrays. ``rows``, a
+        scalar: the number of the first batch of this closure's part of a numbered stream of
+        runs of ``per_run`` batches (``stacked``: a batched dataset's), ``offset`` its place in
+        its run (`DynamicDatasetInput`).
+        """
+        shard = next(shard_ids)
+        if rows is not None and rows.shape.rank == 0:  # iterator: (streams, sources)
+            iterator, endless, counted = skip_to(*iterator, rows, per_run, stacked, offset), True, False
+        elif rows is not None:
+            iterator, endless, counted = Gathered(next(iterator), rows, batch_size), True, False
+        zeros = zeros_totals(self.metrics)
+        if self.training and self.trainer.local_steps:  # opt-in: docs/training.md
+            return self._local_chunk(iterator, shard, zeros, num_steps, endless, counted)
+        if self.training:
+            # Schedules and Adam's bias correction see the true step (up to the chunks in
+            # flight elsewhere); the chief makes iterations exact at every epoch end.
+            self.opt.iterations.assign(self._step_as_iterations())
+        if self.training and self.trainer.stale_reads:  # opt-in: one read per closure (docs/training.md)
+            totals, exhausted = self._stale_chunk(iterator, zeros, num_steps, endless, counted)
+            logs = ()
+        else:
+            unroll = isinstance(num_steps, int) and (
+                num_steps <= MAX_UNROLLED_STEPS and num_steps * len(self.variables) <= MAX_UNROLLED_VARIABLE_STEPS)
+            carry = (zeros, _false(), self.first_logs(iterator, counted))
+            totals, exhausted, logs = self.steps(iterator, carry, num_steps, endless, counted, self.one_step, unroll)
+        updates = [_identity(self.opt.iterations.value)] if self.training else []
+        return self.finish(shard, totals, exhausted, logs, updates)
+
+    def _step_as_iterations(self) -> Any:
+        import tensorflow as tf
+
+        return tf.cast(self.step.read_value(), self.opt.iterations.dtype)
+
+    def _local_chunk(self, iterator: Any, shard: Any, zeros: Any, num_steps: int, endless: bool,
+                     counted: bool) -> Any:
+        """Local steps: the closure's K steps on a local copy, the changes added to the ps once."""
+        variables, state_variables, opt_floats = self.variables, self.state_variables, self.opt_floats
+        start = (packing.read_packed(variables, self.groups), packing.read_packed(state_variables, self.state_groups),
+                 packing.read_packed(opt_floats, self.opt_groups), self._step_as_iterations())
+        totals, exhausted, end = self.steps(iterator, (zeros, _false(), start), num_steps, endless, counted,
+                                            self.one_local_step)
+        updates = (packing.add_packed(variables, self.groups, start[0], end[0])
+                   + packing.add_changes(state_variables, start[1], end[1])
+                   + packing.add_packed(opt_floats, self.opt_groups, start[2], end[2], 1.0 / self.trainer.num_workers))
+        return self.finish(shard, totals, exhausted, (), updates)
+
+    def _stale_chunk(self, iterator: Any, zeros: Any, num_steps: int, endless: bool, counted: bool) -> tuple[Any, Any]:
+        """Stale reads: the weights read once, the K gradients computed at those values."""
+        values = packing.read_packed(self.variables, self.groups)
+        stale = (zeros, _false(), packing.read_packed(self.state_variables, self.state_groups))
+        totals, exhausted, _ = self.steps(iterator, stale, num_steps, endless, counted,
+                                          lambda it, c, endless: self.one_stale_step(it, c, values, endless))
+        return totals, exhausted
+
+
+def _false() -> Any:
+    import tensorflow as tf
+
+    return tf.constant(False)
+
+
+def _identity(value: Any) -> Any:
+    import tensorflow as tf
+
+    return tf.identity(value)
+
+
+def next_input(iterator: Any, endless: bool) -> tuple[Any, Any]:
+    """(has_value, batch getter); has_value None when the input cannot run out."""
+    if endless:
+        element = next(iterator)
+        return None, lambda: element
+    optional = iterator.get_next_as_optional()
+    return optional.has_value(), optional.get_value
+
+
+def guarded(has_value: Any, run: Any, skip: Any) -> Any:
+    """``run()`` where the input cannot run out (``has_value`` None), else a cond: a cond per
+    step costs (docs/performance.md), so an input that cannot run out (steps_per_epoch, no
+    empty shard) runs without."""
+    import tensorflow as tf
+
+    return run() if has_value is None else tf.cond(has_value, run, skip)
+
+
+def first_step_then_decide(first_step: Any, num_steps: int, unroll: bool) -> tuple[Any, bool]:
+    """(carry after the first step, whether to unroll the other ``num_steps - 1``):
+    unrolled only while they would trace within `UNROLL_TRACE_BUDGET_S`, judged by
+    the first step's own trace time."""
+    started = time.perf_counter()
+    carry = first_step()
+    seconds = time.perf_counter() - started
+    # One step has no rest: nothing to unroll, and no loop (it would trace the step again).
+    unroll_rest = isinstance(num_steps, int) and (
+        num_steps <= 1 or (unroll and seconds * (num_steps - 1) <= UNROLL_TRACE_BUDGET_S))
+    logger.debug("one step traced in %.3f s: the other %d of the chunk %s", seconds, num_steps - 1,
+                 "unrolled" if unroll_rest else "in a graph loop")
+    return carry, unroll_rest
+
+
+def finished(c: tuple[Any, ...], flag: Any) -> tuple[Any, ...]:
+    import tensorflow as tf
+
+    return (c[0], tf.convert_to_tensor(flag), *c[2:])
+
+
+def then(iterator: Any, c: tuple[Any, ...], more: Any, advance: Any) -> tuple[Any, ...]:
+    """``more`` steps of a counted shard in a graph loop (written out: the branches are
+    traced as the Python they are, without AutoGraph)."""
+    import tensorflow as tf
+
+    def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        return i + 1, advance(Batches(iterator), c)
+
+    return tf.while_loop(lambda i, _: i < more, body, (tf.zeros_like(more), c))[1]
+
+
+def loop(iterator: Any, carry: tuple[Any, ...], num_steps: Any, done: int, advance: Any) -> tuple[Any, ...]:
+    """Steps ``done`` .. ``num_steps`` in a graph loop, until they ran or the shard ended (``carry[1]``)."""
+    import tensorflow as tf
+
+    if hasattr(iterator, "loop"):  # batches found by their place in the part: its own loop
+        return iterator.loop(advance, carry, num_steps - done)
+
+    def body(i: Any, c: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+        return i + 1, advance(iterator, c)
+
+    return tf.while_loop(lambda i, c: tf.logical_and(i < num_steps, tf.logical_not(c[1])), body,
+                         (tf.constant(done), carry))[1]
