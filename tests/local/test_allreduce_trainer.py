@@ -116,7 +116,7 @@ elif mode == "uneven":
     said = []
     handler = logging.Handler()
     handler.emit = lambda record: said.append(record.getMessage())
-    logging.getLogger("keras_distrib.trainers.allreduce").addHandler(handler)
+    logging.getLogger("keras_distrib.trainers.allreduce_input").addHandler(handler)
     files = kd.FileSource(paths, parse_batch=parse_batch, num_examples=n)
     ids = placement.build(id_model, strategy)
     h = keras_distrib.fit(ids, files, epochs=3, batch_size=30, validation_data=files, verbose=0, strategy=strategy)

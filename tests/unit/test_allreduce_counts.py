@@ -1,4 +1,4 @@
-"""All-reduce epochs of known size (trainers/allreduce.py `step_counts`, `EpochInput.counts`):
+"""All-reduce epochs of known size (trainers/allreduce_input.py `step_counts`, `EpochInput.counts`):
 where every shard's size is known before the epoch, each step's example count over every
 worker is computed once instead of all-reduced at every step. The counts must be what the
 workers' real pipelines hold, step by step, for sizes that do not divide."""
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 tf = pytest.importorskip("tensorflow")
 
 from keras_distrib import data as kd_data  # noqa: E402
-from keras_distrib.trainers.allreduce import EpochInput, step_counts  # noqa: E402
+from keras_distrib.trainers.allreduce_input import EpochInput, step_counts  # noqa: E402
 
 
 class FakeStrategy:

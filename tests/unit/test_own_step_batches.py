@@ -10,7 +10,7 @@ import pytest
 
 from keras_distrib import data as kd_data
 from keras_distrib.trainers._common import TrainerError
-from keras_distrib.trainers.allreduce import equal_batches, own_step_batches
+from keras_distrib.trainers.allreduce_input import equal_batches, own_step_batches
 
 pytestmark = pytest.mark.unit
 

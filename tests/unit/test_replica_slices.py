@@ -1,5 +1,5 @@
 """All-reduce over an already batched input: its batch is the global batch, cut into one
-slice per replica (trainers/allreduce.py `_replica_slices`)."""
+slice per replica (trainers/allreduce_input.py `_replica_slices`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.unit
 
 tf = pytest.importorskip("tensorflow")
 
-from keras_distrib.trainers.allreduce import _replica_slices  # noqa: E402
+from keras_distrib.trainers.allreduce_input import _replica_slices  # noqa: E402
 
 
 def batches(n: int, batch: int) -> "tf.data.Dataset":
