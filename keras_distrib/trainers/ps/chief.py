@@ -14,7 +14,7 @@ from typing import Any
 from .. import _private_apis as private
 from ..base import ChunkHooks
 from ..metrics import Totals, unpack_totals
-from .handout import DynamicDatasetInput, DynamicInput, PerWorkerInput, files_changed, shards_can_fill, sizes_kept, steps_arg
+from .handout import HandOut, files_changed, shards_can_fill, sizes_kept
 
 logger = logging.getLogger(__name__)
 
@@ -23,20 +23,14 @@ class EpochRun:
     """One epoch (or ``steps`` of it) of ``inp`` on ``trainer``'s workers: closures of K steps
     scheduled until the epoch is complete, their results folded in order into `totals`."""
 
-    def __init__(self, trainer: Any, inp: Any, epoch: int, *, training: bool, steps: int | None,
+    def __init__(self, trainer: Any, inp: HandOut, epoch: int, *, training: bool, steps: int | None,
                  hooks: ChunkHooks) -> None:
         self.trainer, self.inp, self.epoch, self.training, self.hooks = trainer, inp, epoch, training, hooks
         self.k = trainer.steps_per_execution
-        self.dynamic = isinstance(inp, (DynamicInput, DynamicDatasetInput))
-        self.stream = isinstance(inp, DynamicDatasetInput)
-        self.steps = steps
-        self.iterator = self._iterator()  # before anything else reads inp for this epoch
-        if self.dynamic:
-            # A resumed training epoch (steps: what is left of it) continues where its
-            # checkpoint was; validation_steps takes the first steps.
-            first_step = inp.steps - min(steps, inp.steps) if training and steps is not None else 0
-            self.steps = inp.steps - first_step if steps is None else min(steps, inp.steps - first_step)
-            self.parts = inp.parts(epoch, first_step, self.steps, self.k)
+        self.fn = trainer._fn(training)  # the closure's function, then its iterator, as ever
+        # The iterator before anything else reads inp for this epoch.
+        self.iterator = inp.epoch_iterator(epoch, trainer._last_epoch if training else None)
+        self.steps = inp.start_epoch(epoch, training=training, steps=steps, k=self.k)
         self.reset = trainer.metrics.reset_numpy()
         self.totals = Totals(self.reset)
         self.pending: deque = deque()
@@ -45,7 +39,7 @@ class EpochRun:
         self.done: dict[int, int] = {}  # steps folded per shard
         # Where each shard's size is known, closures beyond what its shards still need are
         # not scheduled (see `ParameterServerTrainer._window`).
-        self.per_shard = inp.per_shard if self.steps is None and not inp.endless else None
+        self.per_shard = inp.window_shards(self.steps)
         # Seconds from the start to each worker's last closure with steps: a worker whose
         # shard is smaller (files dealt whole) idles after it, and is not slow for that.
         self.busy: dict[int, float] = {}
@@ -63,30 +57,21 @@ class EpochRun:
 
     def _sure_steps(self) -> list[int] | None:
         """Each shard's known steps, where closures it can fill may run unguarded (else None)."""
-        inp = self.inp
-        sure = inp.sure_steps if isinstance(inp, PerWorkerInput) and self.steps is None else None
+        sure = self.inp.sure_steps_for(self.steps)
         if sure is not None and not shards_can_fill(sure, {}, self.k * self.window, self.k):
             # Hardly a closure could be sure (shards within a window of their ends): one
             # closure kind, one trace.
             return None
         return sure
 
-    def _iterator(self) -> Any:
-        inp = self.inp
-        if isinstance(inp, DynamicInput):
-            return inp.full
-        if self.stream:  # one stream for the fit's epochs
-            return inp.iterator(self.epoch, self.trainer._last_epoch if self.training else None)
-        return inp.iterator(self.epoch)
-
     def run(self) -> Totals:
         """Schedule and fold closures until the epoch is complete, then `end` it."""
         trainer, inp = self.trainer, self.inp
-        self.schedule = trainer._scheduler(trainer._fn(self.training), self.iterator)
+        self.schedule = trainer._scheduler(self.fn, self.iterator)
         if self.sure_steps is not None:
             # Both kinds traced before the epoch's first closure: see `PerWorkerInput`.
-            for sure in (True, False):
-                self.schedule.trace(self.k, sure, inp.counted, 0, None, 1, False, 0)
+            for closure in inp.sure_kinds(self.k):
+                self.schedule.trace(*closure.args())
         with sizes_kept(inp, trainer.coordinator):
             while True:
                 while (not self.stopped and not self.complete()
@@ -107,35 +92,21 @@ class EpochRun:
         return self.inp.expected is not None and counted >= self.inp.expected
 
     def schedule_next(self) -> None:
-        """One more closure: the next part of a dynamic epoch, or K steps of a free worker's shard."""
+        """One more closure, from the hand-out: the next part, or K steps of a free worker's shard."""
         import tensorflow as tf
 
-        inp, k = self.inp, self.k
-        n = k if self.steps is None else min(k, self.steps - self.scheduled)
+        n = self.k if self.steps is None else min(self.k, self.steps - self.scheduled)
         in_flight = sum(m for m, _ in self.pending)
         self.hooks.before(self.totals.steps + in_flight)
-        if self.dynamic:  # the next part of the epoch, to whichever worker is free
-            n, part = next(self.parts)
-            if self.stream:
-                offset, first = inp.offset(part), tf.constant(inp.first_batch(self.epoch, part), tf.int64)
-                rv = self.schedule(steps_arg(n, inp.full_part(k), offset), True, False, 0, first, inp.per_run,
-                                   inp.stacked, offset)
-            else:
-                rv = self.schedule(steps_arg(n, k), True, False, inp.batch_size, tf.constant(part, tf.int64), 1,
-                                   False, 0)
-            self.pending.append((n, rv))
-        else:  # every argument: a trace binds all
-            # Sure: every shard holds n more steps past all those in flight, wherever they
-            # run, so this closure runs unguarded (counted files: the unguarded steps of
-            # steps_per_epoch).
-            sure = (self.sure_steps is not None and not self.lost and not self.ended_early
-                    and shards_can_fill(self.sure_steps, self.done, in_flight, n))
-            try:
-                self.pending.append((n, self.schedule(steps_arg(n, k), inp.endless or sure, inp.counted, 0, None,
-                                                      1, False, 0)))
-            except tf.errors.OutOfRangeError as e:  # raised once, the queue cancelled
-                self.shard_ended(e)
-                return
+        # Sure: every shard holds n more steps past all those in flight, wherever they run.
+        sure = (self.sure_steps is not None and not self.lost and not self.ended_early
+                and shards_can_fill(self.sure_steps, self.done, in_flight, n))
+        n, closure = self.inp.next_closure(self.epoch, self.k, n, sure)
+        try:
+            self.pending.append((n, self.schedule(*closure.args())))
+        except tf.errors.OutOfRangeError as e:  # raised once, the queue cancelled
+            self.shard_ended(e)
+            return
         self.scheduled += n
 
     def after_fold(self) -> None:
@@ -213,13 +184,11 @@ class EpochRun:
                            "closures ran again: this epoch went on with guarded closures to every shard's end "
                            "(its logs miss the steps those closures ran; some examples were seen twice).",
                            len(self.ended_early))
-        whole = (not self.by_hook and not self.lost and len(self.exhausted) == workers)
-        if isinstance(inp, PerWorkerInput) and inp.learns and self.steps is None and whole and not self.ended_early:
+        whole = not self.by_hook and not self.lost and len(self.exhausted) == workers
+        if self.steps is None and whole and not self.ended_early:
             # Every shard ran to its end in this epoch. Sure closures pay off where every
             # shard fills one past a full window in flight.
-            inp.learn(self.done, self.k * (self.window + 1))
-        held = [self.done.get(i, 0) for i in range(workers)]
-        if (self.sure_steps is not None and isinstance(inp, PerWorkerInput) and inp.learned and whole
-                and not failed_over and all(n == 1 for n in inp.made) and held != self.sure_steps):
-            raise files_changed(inp, f"this epoch's held {held}")
+            inp.learn_epoch(self.done, self.k * (self.window + 1))
+        if self.sure_steps is not None and whole and not failed_over:
+            inp.check_held([self.done.get(i, 0) for i in range(workers)])
         return self.totals

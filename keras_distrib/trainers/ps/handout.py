@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
 
 from ... import data as kd_data
 from .. import _private_apis as private
@@ -22,6 +23,94 @@ logger = logging.getLogger(__name__)
 #: them whole, sent as a constant of a graph, which protobuf caps at 2 GiB); bigger ones
 #: keep fixed shards (1/k of them per worker).
 MAX_DYNAMIC_BYTES = 1 << 30
+
+@dataclass(frozen=True, eq=False)
+class Closure:
+    """What one scheduled closure runs: the arguments of `compiler.ChunkCompiler.run_chunk`
+    after its iterator and shard ids, named."""
+
+    num_steps: Any
+    endless: bool = False
+    counted: bool = False
+    batch_size: int = 0
+    rows: Any = None
+    per_run: int = 1
+    stacked: bool = False
+    offset: int = 0
+
+    def args(self) -> tuple[Any, ...]:
+        """The positional arguments, in `run_chunk`'s order (a trace binds every one)."""
+        return (self.num_steps, self.endless, self.counted, self.batch_size, self.rows, self.per_run,
+                self.stacked, self.offset)
+
+
+class HandOut(Protocol):
+    """How an epoch's examples reach the closures: one object per input kind, picked once
+    per fit by `ParameterServerTrainer._input`; the chief's `chief.EpochRun` talks to it only
+    through these."""
+
+    source: Any
+    sample: Any
+    #: Steps of one epoch (None: unknown) and examples of one epoch (None: unknown).
+    steps: int | None
+    expected: int | None
+    #: True once each shard's batches were counted in a whole epoch (files).
+    learned: bool
+
+    def epoch_iterator(self, epoch: int, last_epoch: int | None) -> Any:
+        """What the closures of ``epoch`` read (``last_epoch``: the fit's last, in training)."""
+
+    def start_epoch(self, epoch: int, *, training: bool, steps: int | None, k: int) -> int | None:
+        """Begin ``epoch`` (or ``steps`` of it); the steps the epoch then runs (None: to the end)."""
+
+    def window_shards(self, steps: int | None) -> list[int] | None:
+        """Each shard's steps where known, to bound the closures in flight (None: no bound)."""
+
+    def sure_steps_for(self, steps: int | None) -> list[int] | None:
+        """Each shard's known steps where closures it can fill may run unguarded (else None)."""
+
+    def next_closure(self, epoch: int, k: int, n: int, sure: bool) -> tuple[int, Closure]:
+        """The next closure of up to ``n`` steps (``sure``: every shard can fill it) and its steps."""
+
+    def sure_kinds(self, k: int) -> list[Closure]:
+        """The closures to trace before the epoch's first one, where sure ones may run."""
+
+    def learn_epoch(self, steps_per_shard: dict[int, int], least: int) -> None:
+        """An epoch ran whole with these steps per shard (counted files learn their sizes)."""
+
+    def check_held(self, held: list[int]) -> None:
+        """Raise `files_changed` if counted shards held other steps this epoch."""
+
+
+class PartsHandOut:
+    """The dynamic hand-outs: parts of an epoch, each to whichever worker is free; no
+    shard is bounded, none is counted, none is sure."""
+
+    learned = False
+
+    def start_epoch(self, epoch: int, *, training: bool, steps: int | None, k: int) -> int | None:
+        # A resumed training epoch (steps: what is left of it) continues where its
+        # checkpoint was; validation_steps takes the first steps.
+        first_step = self.steps - min(steps, self.steps) if training and steps is not None else 0
+        steps = self.steps - first_step if steps is None else min(steps, self.steps - first_step)
+        self._parts = self.parts(epoch, first_step, steps, k)
+        return steps
+
+    def window_shards(self, steps: int | None) -> None:
+        return None
+
+    def sure_steps_for(self, steps: int | None) -> None:
+        return None
+
+    def sure_kinds(self, k: int) -> list[Closure]:
+        return []
+
+    def learn_epoch(self, steps_per_shard: dict[int, int], least: int) -> None:
+        pass
+
+    def check_held(self, held: list[int]) -> None:
+        pass
+
 
 class PerWorkerInput:
     """Per-worker datasets over disjoint shards of a `Source`; iterators made per epoch."""
@@ -122,6 +211,34 @@ class PerWorkerInput:
             return
         self.learned, self._announce, self.per_shard, self.sure_steps = True, True, sizes, sizes
 
+    def epoch_iterator(self, epoch: int, last_epoch: int | None) -> Any:
+        return self.iterator(epoch)
+
+    def start_epoch(self, epoch: int, *, training: bool, steps: int | None, k: int) -> int | None:
+        return steps
+
+    def window_shards(self, steps: int | None) -> list[int] | None:
+        return self.per_shard if steps is None and not self.endless else None
+
+    def sure_steps_for(self, steps: int | None) -> list[int] | None:
+        return self.sure_steps if steps is None else None
+
+    def next_closure(self, epoch: int, k: int, n: int, sure: bool) -> tuple[int, Closure]:
+        # Sure: every shard holds n more steps past all those in flight, wherever they run,
+        # so the closure runs unguarded (counted files: the unguarded steps of steps_per_epoch).
+        return n, Closure(steps_arg(n, k), endless=self.endless or sure, counted=self.counted)
+
+    def sure_kinds(self, k: int) -> list[Closure]:
+        return [Closure(k, endless=sure, counted=self.counted) for sure in (True, False)]
+
+    def learn_epoch(self, steps_per_shard: dict[int, int], least: int) -> None:
+        if self.learns:
+            self.learn(steps_per_shard, least)
+
+    def check_held(self, held: list[int]) -> None:
+        if self.learned and all(n == 1 for n in self.made) and held != self.sure_steps:
+            raise files_changed(self, f"this epoch's held {held}")
+
     def iterator(self, epoch: int) -> Any:
         """Fresh finite iterators for ``epoch`` (one persistent repeated one with ``repeat``)."""
         import tensorflow as tf
@@ -148,7 +265,7 @@ class PerWorkerInput:
             self._persistent = it
         return it
 
-class DynamicInput:
+class DynamicInput(PartsHandOut):
     """Exact epochs handed out dynamically: the shards are today's (element ``i``
     to shard ``i % k``, each batched on its own, so the steps of an epoch are the same), but
     every worker holds the whole arrays and a part of any shard (up to K of its steps) goes
@@ -166,11 +283,6 @@ class DynamicInput:
     `MAX_DYNAMIC_BYTES` only; every other input keeps fixed per-worker shards
     (`PerWorkerInput`).
     """
-
-    repeat = False
-    endless = False
-    counted = False
-    per_shard = None
 
     def __init__(self, coordinator: Any, source: Any, *, batch_size: int, shuffle: bool, seed: int | None) -> None:
         import tensorflow as tf
@@ -205,13 +317,22 @@ class DynamicInput:
             return False
         return sum(int(getattr(a, "nbytes", 0)) for a in kd_data.flatten_nest(source.arrays)) <= MAX_DYNAMIC_BYTES
 
+    def epoch_iterator(self, epoch: int, last_epoch: int | None) -> Any:
+        return self.full
+
+    def next_closure(self, epoch: int, k: int, n: int, sure: bool) -> tuple[int, Closure]:
+        import tensorflow as tf
+
+        n, rows = next(self._parts)
+        return n, Closure(steps_arg(n, k), endless=True, batch_size=self.batch_size, rows=tf.constant(rows, tf.int64))
+
     def parts(self, epoch: int, first_step: int, num_steps: int, k: int) -> Iterator[tuple[int, Any]]:
         """``(steps, rows)`` of each closure for steps ``first_step`` .. ``+ num_steps`` of
         the epoch (`keras_distrib.data.epoch_parts`)."""
         rows = kd_data.shard_rows(self.expected, self.num_shards, epoch=epoch, shuffle=self.shuffle, seed=self.seed)
         return kd_data.epoch_parts(rows, self.batch_size, k, first_step, num_steps)
 
-class DynamicDatasetInput:
+class DynamicDatasetInput(PartsHandOut):
     """Exact epochs of a ``tf.data.Dataset`` of known size handed out dynamically.
 
     Every worker builds the same stream of the fit's epochs (the dataset's own shuffles are
@@ -229,18 +350,13 @@ class DynamicDatasetInput:
     A worker takes its closures in order, so its stream only moves forward; a closure the
     coordinator re-runs on another worker (its first worker was lost) may find that
     worker's stream past its part: it runs no step and says so, and the chief runs the part
-    again on fresh streams (`ParameterServerTrainer._run`).
+    again on fresh streams (`chief.EpochRun`).
 
     For datasets whose elements are plain tensors of known rank (no ragged or sparse parts),
     whose size tf.data knows or one pass counted, and that run no Python (``from_generator``,
     ``tf.py_function``: every worker would read the whole epoch through the chief's Python;
     a 3-worker job of one hung when the chief removed a function meanwhile).
     """
-
-    repeat = False
-    endless = False
-    counted = False
-    per_shard = None
 
     def __init__(self, coordinator: Any, source: Any, *, batch_size: int | None, shuffle: bool,
                  seed: int | None) -> None:
@@ -298,6 +414,17 @@ class DynamicDatasetInput:
             return False
         specs = tf.nest.flatten(source.dataset.element_spec)
         return all(type(s) is tf.TensorSpec and s.shape.rank is not None for s in specs)
+
+    def epoch_iterator(self, epoch: int, last_epoch: int | None) -> Any:
+        return self.iterator(epoch, last_epoch)
+
+    def next_closure(self, epoch: int, k: int, n: int, sure: bool) -> tuple[int, Closure]:
+        import tensorflow as tf
+
+        n, part = next(self._parts)
+        offset, first = self.offset(part), tf.constant(self.first_batch(epoch, part), tf.int64)
+        return n, Closure(steps_arg(n, self.full_part(k), offset), endless=True, rows=first, per_run=self.per_run,
+                          stacked=self.stacked, offset=offset)
 
     def iterator(self, epoch: int, last: int | None = None) -> tuple[Any, Any]:
         """``(streams, sources)``, one of each per worker: the streams hold ``epoch`` and

@@ -39,7 +39,7 @@ from ..lookups import warn_tables_on_the_chief
 from ..placement import placement_scope
 from .chief import EpochRun
 from .compiler import MAX_UNROLLED_STEPS, make_chunk_fn
-from .handout import DynamicDatasetInput, DynamicInput, PerWorkerInput
+from .handout import DynamicDatasetInput, DynamicInput, HandOut, PerWorkerInput
 
 logger = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class ParameterServerTrainer(Trainer):
     # ------------------------------------------------------------ input and runner
 
     def _input(self, source: Any, *, batch_size: int | None, shuffle: bool, seed: int | None, repeat: bool,
-               own_step: str | None = None, countdown: bool = True) -> PerWorkerInput | DynamicInput | DynamicDatasetInput:
+               own_step: str | None = None, countdown: bool = True) -> HandOut:
         # own_step changes nothing here: a worker's shard is its own (never padded) and a
         # closure that finds it exhausted runs no step.
         if source.batched:
