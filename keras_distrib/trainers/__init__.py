@@ -72,17 +72,16 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
         if steps_per_execution is not None and steps_per_execution != cached.steps_per_execution:
             cached.steps_per_execution = int(steps_per_execution)
             cached.reset_functions()
-        if kind == "ps":  # turn one mode off before the other goes on
-            for attr, on in sorted((("stale_reads", ps_stale_reads), ("local_steps", ps_local_steps)),
-                                   key=lambda item: bool(item[1])):
-                if on is not None:
-                    setattr(cached, attr, bool(on))
+        if kind == "ps":
+            from .ps.trainer import requested_mode
+
+            cached.mode = requested_mode(cached.mode, ps_stale_reads, ps_local_steps)
         return cached
     if kind == "ps":
         from .ps import ParameterServerTrainer
 
         trainer: Any = ParameterServerTrainer(model, strategy, steps_per_execution=steps_per_execution,
-                                              stale_reads=bool(ps_stale_reads), local_steps=bool(ps_local_steps))
+                                              stale_reads=ps_stale_reads, local_steps=ps_local_steps)
     else:
         from .allreduce import AllReduceTrainer
 

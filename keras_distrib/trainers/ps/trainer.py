@@ -24,6 +24,7 @@ Contracts (the decisions behind them, with their measurements: docs/performance.
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections import deque
@@ -47,6 +48,32 @@ logger = logging.getLogger(__name__)
 _BOTH_MODES = ("ps_stale_reads and ps_local_steps cannot both be on. HINT: choose one of them "
                "(or neither, the default).")
 
+
+class PsMode(enum.Enum):
+    """How a closure's K steps use the parameter servers."""
+
+    #: Every step reads the variables and applies its update on the ps.
+    DEFAULT = "default"
+    #: Opt-in (changes the training semantics): each closure reads the variables once and
+    #: computes all its K gradients at those values.
+    STALE_READS = "stale_reads"
+    #: Opt-in (changes the training semantics): each closure runs its K steps on a local
+    #: copy of the weights and optimizer state, then adds the change to the ps once.
+    LOCAL_STEPS = "local_steps"
+
+
+def requested_mode(current: PsMode, stale_reads: bool | None, local_steps: bool | None) -> PsMode:
+    """The mode ``keras_distrib.fit(ps_stale_reads=, ps_local_steps=)`` asks for, from
+    ``current``: True turns a mode on, False turns it off, None leaves it. One mode at a time:
+    turning one on while the other stays on is refused (one line, HINT)."""
+    want = {PsMode.STALE_READS: stale_reads, PsMode.LOCAL_STEPS: local_steps}
+    on = [mode for mode, value in want.items() if value]
+    if len(on) == 2 or (on and current not in (PsMode.DEFAULT, on[0]) and want[current] is not False):
+        raise TrainerError(_BOTH_MODES)
+    if on:
+        return on[0]
+    return PsMode.DEFAULT if current is not PsMode.DEFAULT and want[current] is False else current
+
 class ParameterServerTrainer(Trainer):
     """Trains a compiled Keras 3 model asynchronously with a ParameterServerStrategy."""
 
@@ -55,7 +82,7 @@ class ParameterServerTrainer(Trainer):
         import tensorflow as tf
 
         super().__init__(model, resolve_strategy(strategy, allow=("ps",)), steps_per_execution=steps_per_execution)
-        self._stale_reads = self._local_steps = False
+        self._mode = PsMode.DEFAULT
         refuse_keras_loops(model)  # a model built under strategy.scope() gets the clear error too
         warn_tables_on_the_chief(model)
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
@@ -77,36 +104,17 @@ class ParameterServerTrainer(Trainer):
         #: fixed per-worker shards, as for every other input (a slow worker then holds the
         #: epoch back).
         self.dynamic_epochs = True
-        #: Opt-in (changes the training semantics): each closure reads the variables once and
-        #: computes all its K gradients at those values (see the module docstring).
-        self.stale_reads = stale_reads
-        #: Opt-in (changes the training semantics): each closure runs its K steps on a local
-        #: copy of the weights and optimizer state, then adds the change to the ps once.
-        self.local_steps = local_steps
+        self.mode = requested_mode(PsMode.DEFAULT, stale_reads, local_steps)
 
     @property
-    def stale_reads(self) -> bool:
-        return self._stale_reads
+    def mode(self) -> PsMode:
+        return self._mode
 
-    @stale_reads.setter
-    def stale_reads(self, on: bool) -> None:
-        if on and self._local_steps:
-            raise TrainerError(_BOTH_MODES)
-        step_contract.refuse_custom_step_modes(self.model, stale_reads=bool(on), local_steps=False)
-        if bool(on) != self._stale_reads:
-            self._stale_reads = bool(on)
-            self.reset_functions()
-
-    @property
-    def local_steps(self) -> bool:
-        return self._local_steps
-
-    @local_steps.setter
-    def local_steps(self, on: bool) -> None:
-        if on and self._stale_reads:
-            raise TrainerError(_BOTH_MODES)
-        step_contract.refuse_custom_step_modes(self.model, stale_reads=False, local_steps=bool(on))
-        if on:
+    @mode.setter
+    def mode(self, mode: PsMode) -> None:
+        step_contract.refuse_custom_step_modes(self.model, stale_reads=mode is PsMode.STALE_READS,
+                                               local_steps=mode is PsMode.LOCAL_STEPS)
+        if mode is PsMode.LOCAL_STEPS:
             try:  # validated now, before any closure is traced or scheduled
                 private.stateless_optimizer(self.optimizer, self.model.trainable_variables)
             except TypeError as exc:
@@ -115,9 +123,17 @@ class ParameterServerTrainer(Trainer):
                     "HINT: use Adam, AdamW, SGD, RMSprop, Adagrad, Lion (without gradient_accumulation_steps), "
                     "or drop ps_local_steps."
                 ) from None
-        if bool(on) != self._local_steps:
-            self._local_steps = bool(on)
+        if mode is not self._mode:
+            self._mode = mode
             self.reset_functions()
+
+    @property
+    def stale_reads(self) -> bool:
+        return self._mode is PsMode.STALE_READS
+
+    @property
+    def local_steps(self) -> bool:
+        return self._mode is PsMode.LOCAL_STEPS
 
     @property
     def global_step(self) -> Any:
