@@ -12,12 +12,15 @@ of Keras' built-in compiled metrics except stateful extrema.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from . import _private_apis as private
+
+logger = logging.getLogger(__name__)
 
 #: Sums kept per scheduled function besides the metric states, in this order.
 SCALARS = ("loss_sum", "count", "steps", "finite")
@@ -75,7 +78,10 @@ class MetricSet:
                 self.metric.build(y, y_pred)
                 self.metric.update_state(y, y_pred, sample_weight=sample_weight)
             if compiled_loss is not None and not compiled_loss.built:
-                model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False)
+                try:
+                    compiled_loss(y, y_pred, sample_weight)
+                except Exception:  # noqa: BLE001 - a model whose own steps or compute_loss shape y
+                    logger.debug("the compiled loss does not take the input's targets: no per-output loss logs")
         self.loss_trackers = list(getattr(compiled_loss, "metrics", None) or [])
 
     @property
