@@ -55,13 +55,10 @@ class MetricSet:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.metric = private.compiled_metrics(model)
-        self.loss_trackers: list[Any] = list(getattr(private.compiled_loss(model), "metrics", None) or [])
 
     def build(self, model: Any, sample_batch: Any) -> None:
         """Create the compiled metrics' and loss trackers' variables from one sample batch (on this process)."""
-        compiled_loss = private.compiled_loss(model)
         if not self.needs_build:
-            self.loss_trackers = list(getattr(compiled_loss, "metrics", None) or [])
             return
         x, y, sample_weight = unpack(sample_batch)
         if y is None:
@@ -69,6 +66,7 @@ class MetricSet:
             return
         import keras
 
+        compiled_loss = private.compiled_loss(model)
         y_pred = model(x, training=False)
         # One update and one loss, in a scope that changes no variable, as Keras'
         # ``_symbolic_build``: metrics such as F1Score and R2Score create their state on their
@@ -82,7 +80,11 @@ class MetricSet:
                     compiled_loss(y, y_pred, sample_weight)
                 except Exception:  # noqa: BLE001 - a model whose own steps or compute_loss shape y
                     logger.debug("the compiled loss does not take the input's targets: no per-output loss logs")
-        self.loss_trackers = list(getattr(compiled_loss, "metrics", None) or [])
+
+    @property
+    def loss_trackers(self) -> list[Any]:
+        """The per-output loss trackers of Keras' ``CompileLoss`` (none for one output, or before `build`)."""
+        return list(getattr(private.compiled_loss(self.model), "metrics", None) or [])
 
     @property
     def needs_build(self) -> bool:
@@ -104,9 +106,9 @@ class MetricSet:
 
     def initial_state(self) -> list[Any]:
         """Reset-state tensors (call inside the traced function)."""
-        compiled = list(self.metric.stateless_reset_state()) if self._compiled_variables else []
         import keras
 
+        compiled = list(self.metric.stateless_reset_state()) if self._compiled_variables else []
         zeros = [keras.ops.zeros((), v.dtype) for tracker in self.loss_trackers for v in (tracker.total, tracker.count)]
         return compiled + zeros
 
