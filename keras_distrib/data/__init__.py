@@ -6,6 +6,7 @@
 * One module per input kind: `arrays` (`ArraySource`), `tfdata` (`DatasetSource`),
   `files` (`FileSource`), `self_loading` (`SelfLoadedSource`), `pydataset`
   (`PyDatasetSource`, a Keras ``PyDataset``).
+* `keyed`: `keyed_source`, the ``(keys, x)`` elements order-preserving predict shards.
 * `input`: `as_source` (the user's input, turned into a source once per fit; what no
   layout takes is refused there with `InputError`) and `pipeline` (one worker's dataset
   of one epoch). docs/input-kinds.md has the table of input kinds per layout.
@@ -24,6 +25,7 @@ from ._private_apis import DERIVED_SEEDS_SCANNED, EPOCH_INPUT, dataset_runs_pyth
 from .arrays import ArraySource
 from .base import BaseSource, CustomSource, InputError, Source
 from .files import READ_CHUNK, FileSource
+from .keyed import keyed_source
 from .input import as_source, epoch_batches, keeps_cache, pipeline
 from .policy import (Order, epoch_parts, tail_part_limit, flatten_nest, map_nest, shard_arrays, shard_dataset, shard_files,
                      shard_indices, shard_rows, shard_seed, shard_sizes, steps_for, worker_rank)
@@ -47,6 +49,7 @@ __all__ = [
     "is_py_dataset",
     "Order",
     "as_source",
+    "keyed_source",
     "pipeline",
     "epoch_batches",
     "keeps_cache",

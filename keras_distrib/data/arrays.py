@@ -30,6 +30,9 @@ class ArraySource(BaseSource):
     def shard_sizes(self, num_shards: int) -> list[int] | None:
         return None if self.batched else shard_sizes(self.num_examples, num_shards)
 
+    def rows_in_memory(self) -> Any | None:
+        return None if self.batched or not self.num_examples else self.arrays
+
     def split(self, at: int) -> tuple["ArraySource", "ArraySource"]:
         """(the first ``at`` rows, the rest), as Keras' ``validation_split`` cuts them."""
         first = map_nest(lambda a: None if a is None else a[:at], self.arrays)

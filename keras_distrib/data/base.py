@@ -4,7 +4,10 @@ The trainers only ever call what `Source` declares: ``num_examples`` and ``batch
 count steps, ``epoch_elements`` for one epoch of one shard, ``finish_batches`` after
 the pipeline batched it (`keras_distrib.data.pipeline`), ``shard_sizes`` where each
 shard's size is fixed and known before the epoch, and ``on_epoch_begin`` /
-``on_epoch_end`` around each training epoch (a Keras PyDataset's hooks).
+``on_epoch_end`` around each training epoch (a Keras PyDataset's hooks). What only some
+sources can do is asked, never inferred from their class: ``split`` (``validation_split``),
+``count_unknown_size``, and the two forms a parameter-server hand-out cuts parts from,
+``rows_in_memory`` and ``dataset_of_known_size``.
 """
 
 from __future__ import annotations
@@ -58,6 +61,24 @@ class Source(Protocol):
         """Called by fit after each training epoch's steps."""
         ...
 
+    def split(self, at: int) -> "tuple[Source, Source] | None":
+        """(the first ``at`` examples, the rest), as Keras' ``validation_split`` cuts them;
+        None where the source cannot be cut by rows."""
+        ...
+
+    def count_unknown_size(self) -> bool:
+        """Learn ``num_examples`` by one pass where it is unknown and finite; True if counted."""
+        ...
+
+    def rows_in_memory(self) -> Any | None:
+        """The unbatched arrays every worker may gather rows from by index; else None."""
+        ...
+
+    def dataset_of_known_size(self) -> "tf.data.Dataset | None":
+        """The dataset, where it has a known size and no Python in its pipeline (it can be
+        rebuilt in any process and cut by element); else None."""
+        ...
+
 
 class BaseSource:
     """Defaults for a `Source`: a per-shard shuffle by `Order`, batches used as they are."""
@@ -83,6 +104,18 @@ class BaseSource:
 
     def on_epoch_end(self, epoch: int) -> None:
         pass
+
+    def split(self, at: int) -> "tuple[Source, Source] | None":
+        return None
+
+    def count_unknown_size(self) -> bool:
+        return False
+
+    def rows_in_memory(self) -> Any | None:
+        return None
+
+    def dataset_of_known_size(self) -> "tf.data.Dataset | None":
+        return None
 
 
 class CustomSource(BaseSource):

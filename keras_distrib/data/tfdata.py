@@ -54,6 +54,9 @@ class DatasetSource(BaseSource):
         ``tf.py_function``), wherever the dataset is rebuilt."""
         return private.runs_python(self._graph_def())
 
+    def dataset_of_known_size(self) -> "tf.data.Dataset | None":
+        return self.dataset if self.num_examples and not self.runs_python() else None
+
     def count_unknown_size(self) -> bool:
         """Learn the size of a dataset of unknown size (a TFRecord file, a ``filter``) by one pass
         over it, as Keras' ``fit`` learns it in its first epoch; False for an infinite one."""

@@ -305,19 +305,19 @@ class Trainer:
         if validation_split:
             if validation_data is not None:
                 validation_split = 0.0  # Keras: validation_data wins
-            elif not isinstance(source, kd_data.ArraySource):
+            # Keras: the last fraction, before shuffling
+            elif (halves := source.split(int((source.num_examples or 0) * (1.0 - validation_split)))) is None:
                 raise TrainerError(
                     f"validation_split={validation_split} needs in-memory arrays (x, y). HINT: pass "
                     "validation_data= for a dataset or a keras_distrib.data source."
                 )
             else:
-                at = int(source.num_examples * (1.0 - validation_split))  # Keras: the last fraction, before shuffling
-                source, val_source = source.split(at)
+                source, val_source = halves
         verbose = cb_utils.resolve_verbose(verbose)
         repeat = steps_per_epoch is not None
         train = self._prepare(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat, training=True)
         target = steps_per_epoch or train.steps
-        if target is None and isinstance(source, kd_data.DatasetSource) and source.count_unknown_size():
+        if target is None and source.count_unknown_size():
             train = self._prepare(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat,
                                   training=True)
             target = train.steps
@@ -456,7 +456,7 @@ class Trainer:
         """Predictions for every row of ``x``, in ``x``'s order (see `keras_distrib.trainers.predict`)."""
         from . import ordered
 
-        source = ordered.keyed_source(x, batch_size=batch_size or step_contract.DEFAULT_BATCH_SIZE, steps=steps)
+        source = kd_data.keyed_source(x, batch_size=batch_size or step_contract.DEFAULT_BATCH_SIZE, steps=steps)
         cbs = cb_utils.callback_list(callbacks, self.model, epochs=1, steps=None,
                                      verbose=cb_utils.resolve_verbose(verbose), show=self.is_chief)
         cbs.on_predict_begin()

@@ -289,7 +289,7 @@ class DynamicInput(PartsHandOut):
 
         self.source, self.batch_size, self.shuffle, self.seed = source, batch_size, shuffle, seed
         self.num_shards = len(private.coordinator_workers(coordinator))
-        arrays = source.arrays
+        arrays = source.rows_in_memory()
         # The whole arrays once per worker and fit (a constant of the dataset's graph, sent
         # when the iterator is made); each closure reads them by reference.
         per_worker = coordinator.create_per_worker_dataset(lambda: tf.data.Dataset.from_tensors(arrays).repeat())
@@ -312,10 +312,10 @@ class DynamicInput(PartsHandOut):
                 return all(plain(v) for v in nest)
             return nest is not None and not isinstance(nest, list)
 
-        if not (isinstance(source, kd_data.ArraySource) and not source.batched and source.num_examples
-                and plain(source.arrays)):
+        arrays = source.rows_in_memory()
+        if arrays is None or not plain(arrays):
             return False
-        return sum(int(getattr(a, "nbytes", 0)) for a in kd_data.flatten_nest(source.arrays)) <= MAX_DYNAMIC_BYTES
+        return sum(int(getattr(a, "nbytes", 0)) for a in kd_data.flatten_nest(arrays)) <= MAX_DYNAMIC_BYTES
 
     def epoch_iterator(self, epoch: int, last_epoch: int | None) -> Any:
         return self.full
@@ -410,9 +410,10 @@ class DynamicDatasetInput(PartsHandOut):
         the end is an empty batch)."""
         import tensorflow as tf
 
-        if not isinstance(source, kd_data.DatasetSource) or not source.num_examples or source.runs_python():
+        dataset = source.dataset_of_known_size()
+        if dataset is None:
             return False
-        specs = tf.nest.flatten(source.dataset.element_spec)
+        specs = tf.nest.flatten(dataset.element_spec)
         return all(type(s) is tf.TensorSpec and s.shape.rank is not None for s in specs)
 
     def epoch_iterator(self, epoch: int, last_epoch: int | None) -> Any:
