@@ -22,9 +22,10 @@ channel (keras_distrib.launcher.control). The rules:
 
 Policy apart from mechanism, as torch's elastic agent does: ``Agent`` is a state machine
 (``State``, changed only by ``_enter``) that handles typed events (messages.py) and
-decides; what it decides is done by its mechanism: this node's processes
+decides; what it decides is done by its mechanism (mechanism.py): this node's processes
 (workers.LocalProcesses), the channel to the other agents (formation.py), timers and the
-requeue command. The plan is held once, as a ``Generation``, and replaced as a whole.
+scheduler's commands. Its state is one object per concern: ``RunStatus`` (the plan, held
+once as a ``Generation`` and replaced as a whole), ``RestartCount`` and ``Membership``.
 docs/launcher-internals.md draws the states.
 """
 
@@ -37,14 +38,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from cluster_parsers import ClusterConfigError, JobInfo, node_of_rank
+from cluster_parsers import JobInfo, node_of_rank
 
 from .. import progress
-from ..contract import PREEMPTED_EXIT_CODE, progress_file
+from ..contract import PREEMPTED_EXIT_CODE
 from ..logs import ROOT as ROOT_LOGGER
 from ..logs import LineFormatter, NodeLogger
 from ..network import wait_reachable
@@ -53,18 +54,16 @@ from . import control
 from . import requeue as requeue_job
 from .children import Child, describe_exit, shell_exit_code
 from .formation import Channel, Identity, SoloChannel, form_job
-from .interfaces import interface_ipv4
-from .isolation import IsolationUnavailable, isolate_network
-from .membership import Membership
+from .membership import Membership, MembershipPolicy
 from .messages import (
     ChildExited, Died, Done, Event, Failed, FailureDue, FromPeer, Hung, JoinDue, OrphanStopDeadline, PeerGone, PeerJoined,
     PeerSilent, RejoinFailed, Rejoined, Restart, ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop, Stuck,
 )
 from .options import Options
-from .prestart import require_free_ports, require_protocol
-from .restarts import restart_line, restart_targets
-from .states import TRANSITIONS, Generation, RunResult, State
-from .watchdog import HangGuard
+from .mechanism import Processes, SchedulerCalls, ThreadTimers, Timers
+from .restarts import RestartCount, restart_line, restart_targets
+from .states import TRANSITIONS, Generation, RunResult, RunStatus, State
+from .watchdog import HangGuard, default_stacks_dir
 from .workers import ChildSettings, Launch, LocalProcesses
 
 logger = logging.getLogger(__name__)
@@ -99,35 +98,6 @@ class LaunchSpec:
         return self.check or self.script is None
 
 
-class Processes(Protocol):
-    """This node's children, as the policy sees them (workers.LocalProcesses, or a fake)."""
-
-    def start(self, plan: Plan, launches: list[Launch]) -> None: ...
-    def restart(self, names: list[str]) -> int: ...
-    def reform(self, plan: Plan, launches: list[Launch]) -> None: ...
-    def current(self, child: Child) -> bool: ...
-    def has_script(self) -> bool: ...
-    def script_running(self) -> bool: ...
-    def forward(self, signum: int) -> None: ...
-    def shutdown(self, grace: float) -> None: ...
-
-
-class Timers(Protocol):
-    def after(self, seconds: float, event: Event) -> None: ...
-
-
-@dataclass
-class ThreadTimers:
-    """Posts ``event`` after ``seconds`` (daemon threads: an agent that ended waits for none)."""
-
-    post: Callable[[Event], None]
-
-    def after(self, seconds: float, event: Event) -> None:
-        timer = threading.Timer(seconds, self.post, (event,))
-        timer.daemon = True
-        timer.start()
-
-
 def identity_for(job: JobInfo, mode: str, local: bool) -> Identity:
     """Agent identity: node index in agent mode, global rank in per-role mode."""
     if local:
@@ -138,7 +108,7 @@ def identity_for(job: JobInfo, mode: str, local: bool) -> Identity:
     return Identity(job.node_index, job.num_nodes, job.node, dict(enumerate(job.nodes)))
 
 
-class Agent(Membership):
+class Agent(MembershipPolicy):
     """One agent's share of the job: a state machine over events; ``run()`` returns a RunResult.
 
     The mechanism (``processes``, ``timers``, ``requeue``, the channel that ``begin``
@@ -157,7 +127,6 @@ class Agent(Membership):
     ) -> None:
         self.spec = spec
         self.identity = identity
-        self.log = NodeLogger(logger, identity.node)
         # SimpleQueue.put is reentrant, so a signal handler may post safely.
         self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         options = spec.options
@@ -167,27 +136,35 @@ class Agent(Membership):
                           spec.log_dir),
         )
         self.timers: Timers = timers or ThreadTimers(self.post)
-        self.requeue = requeue
-        self.end_step = end_step
-        self.environ = environ
+        self.scheduler = SchedulerCalls(environ, requeue, end_step)
         self.channel: Channel = SoloChannel()
-        self.generation = Generation(0, spec.plan)
-        self.state = State.FORMING
-        self.result: RunResult | None = None
-        self.interrupted: int | None = None  # the SIGINT/SIGTERM being drained
-        self.restarts = 0
-        self.restarts_seen = 0  # restarts carried out here (agent 0's or ordered): dates a Stuck report
-        self.hangs = HangGuard.for_agent(self)  # the hang watchdog (watchdog.py); started by run()
-        self.done_agents: set[int] = set()  # agent 0: agents whose SCRIPTs all ended well
-        self.formed_plan = spec.plan  # generation 0's: every re-forming picks its nodes from it
-        self.joining: dict[int, str] = {}  # agent 0: agents back after a drop, by node, not yet in the plan
-        self.join_mark: tuple[int, int] | None = None  # agent 0: the last checkpoint when they came back
-        self.join_armed = False
-        self.silent_nodes: set[str] = set()  # agent 0: dropped for silence; their tasks may still run
+        self.status = RunStatus(Generation(0, spec.plan))
+        self.restarts = RestartCount()
+        self.membership = Membership(spec.plan)
+        self.hangs = HangGuard(  # the hang watchdog (watchdog.py); started by run()
+            self.post, self.processes.watched, self.processes.progress_file, lambda: self.plan.processes,
+            spec.log_dir or default_stacks_dir(spec.job.scheduler, spec.job.job_id), float(options.hang_timeout),
+            identity.num_agents, enabled=options.hang_timeout > 0 and not spec.runs_check)
+
+    @property
+    def log(self) -> NodeLogger:
+        return NodeLogger(logger, self.identity.node)
+
+    @property
+    def state(self) -> State:
+        return self.status.state
+
+    @property
+    def result(self) -> RunResult | None:
+        return self.status.result
+
+    @property
+    def generation(self) -> Generation:
+        return self.status.generation
 
     @property
     def plan(self) -> Plan:
-        return self.generation.plan
+        return self.status.generation.plan
 
     @property
     def members(self) -> set[int]:
@@ -236,25 +213,25 @@ class Agent(Membership):
     # -- transitions ------------------------------------------------------------------
 
     def _enter(self, state: State) -> None:
-        if state is self.state:
+        if state is self.status.state:
             return
-        if state not in TRANSITIONS[self.state]:
-            raise AssertionError(f"agent {self.identity.agent_id}: no transition {self.state.name} -> {state.name}")
-        self.log.debug(f"state {self.state.name} -> {state.name}")
-        self.state = state
+        if state not in TRANSITIONS[self.status.state]:
+            raise AssertionError(f"agent {self.identity.agent_id}: no transition {self.status.state.name} -> {state.name}")
+        self.log.debug(f"state {self.status.state.name} -> {state.name}")
+        self.status.state = state
 
     def begin(self, channel: Channel, plan: Plan) -> None:
         """FORMING -> RUNNING: the job formed on ``plan``; start this node's processes."""
         self.channel = channel
-        self.generation = Generation(self.generation.number, plan)
-        self.formed_plan = plan
+        self.status.generation = Generation(self.status.generation.number, plan)
+        self.membership.formed_plan = plan
         self.processes.start(plan, [self.launch_of(p) for p in self.my_processes()])
         self._enter(State.RUNNING)
 
     def _stop(self, code: int, reason: str | None = None) -> None:
         """-> STOPPED with ``code``; agent 0 tells every agent to stop."""
         self.channel.to_all(Stop(code))
-        self.result = RunResult(code, reason, self.restarts)
+        self.status.result = RunResult(code, reason, self.restarts.used)
         self._enter(State.STOPPED)
 
     def fail(self, reason: str, code: int) -> None:
@@ -288,28 +265,28 @@ class Agent(Membership):
                 # The watch turns a peer that never comes up into one clear line.
                 threading.Thread(target=self._watch_startup, name="startup-watch", daemon=True).start()
             self.hangs.start()
-            while self.state is not State.STOPPED:
+            while self.status.state is not State.STOPPED:
                 self.handle(self.events.get())
         finally:
             self.hangs.stop()
             for s, handler in previous.items():
                 signal.signal(s, handler)
-            if self.state is not State.STOPPED:  # an exception: the processes must still go
+            if self.status.state is not State.STOPPED:  # an exception: the processes must still go
                 self._enter(State.STOPPED)
             self.processes.shutdown(self.spec.options.shutdown_grace)
             self.channel.close()
             if self.spec.log_dir is not None and self.identity.leader:
                 self.log.info(f"the full output of every process is in {self.spec.log_dir}")
-            if self.identity.leader and self.spec.options.exit_code_file and self.result is not None:
-                self._write_exit_code(self.result.code)
-            if self.result is not None and (self.result.lost_node is not None or self.silent_nodes):
+            if self.identity.leader and self.spec.options.exit_code_file and self.status.result is not None:
+                self._write_exit_code(self.status.result.code)
+            if self.status.result is not None and (self.status.result.lost_node is not None or self.membership.silent_nodes):
                 # a cut node's task keeps srun (or its peers) waiting until the scheduler gives the node up
-                self.end_step(self.plan.scheduler, self.environ, self.log.info)
+                self.scheduler.end_step(self.plan.scheduler, self.log.info)
             if kept is not None:
                 logging.getLogger(ROOT_LOGGER).removeHandler(kept)
                 kept.close()
-        assert self.result is not None
-        return self.result
+        assert self.status.result is not None
+        return self.status.result
 
     def _write_exit_code(self, code: int) -> None:
         """--exit-code-file: the job's exit code, for a job script whose srun returns another (the step ended)."""
@@ -344,7 +321,7 @@ class Agent(Membership):
 
     def handle(self, event: Event) -> None:
         """One event: decide, act through the mechanism, maybe change state."""
-        if self.state is State.STOPPED:
+        if self.status.state is State.STOPPED:
             return
         match event:
             case ChildExited(child, code):
@@ -362,7 +339,7 @@ class Agent(Membership):
             case Rejoined(channel):
                 self._on_rejoined(channel)
             case FailureDue(reason, code, number):
-                if number == self.generation.number:  # else: a re-forming since explained it
+                if number == self.status.generation.number:  # else: a re-forming since explained it
                     self.log.error(f"{reason}; no node was lost meanwhile; stopping the job.")
                     self._stop(code, reason)
             case RejoinFailed(reason):
@@ -373,15 +350,15 @@ class Agent(Membership):
             case StartupChecked(unreachable):
                 self._on_startup(list(unreachable))
             case ScriptStopDeadline():
-                assert self.interrupted is not None
-                self.log.info(f"SCRIPT did not end within {SCRIPT_STOP_WAIT:.0f} s of the {signal.Signals(self.interrupted).name}; "
+                assert self.status.interrupted is not None
+                self.log.info(f"SCRIPT did not end within {SCRIPT_STOP_WAIT:.0f} s of the {signal.Signals(self.status.interrupted).name}; "
                               f"stopping every process (SIGKILL after {self.spec.options.shutdown_grace:g} s).")
-                self._stop(shell_exit_code(-self.interrupted))
+                self._stop(shell_exit_code(-self.status.interrupted))
             case Hung(child, seconds, state, stacks):
                 self._on_hung(child, f"made no progress for {seconds:.0f} s (state: {state}); its Python stacks: {stacks}")
             case OrphanStopDeadline():
                 self.log.info(f"no stop order from the first node within {ORPHAN_STOP_WAIT:.0f} s of the signal; stopping.")
-                self._stop(shell_exit_code(-self.interrupted) if self.interrupted else 1)
+                self._stop(shell_exit_code(-self.status.interrupted) if self.status.interrupted else 1)
             case _:
                 raise AssertionError(event)
 
@@ -404,28 +381,28 @@ class Agent(Membership):
     def _on_child_exit(self, child: Child, code: int) -> None:
         if not self.processes.current(child):  # replaced by a restart
             return
-        if self.interrupted and not child.runs_script:
+        if self.status.interrupted and not child.runs_script:
             # The SIGINT/SIGTERM this agent got (Slurm also signals every process of the
             # step) ended it: expected, not a failure. Wait for a script that got it too.
             if self.processes.has_script():
                 return
             self.channel.to_leader(Failed(f"{child.label} ended after the signal", shell_exit_code(code)))
-            self._stop(shell_exit_code(-self.interrupted))
+            self._stop(shell_exit_code(-self.status.interrupted))
             return
         # A script that died of the SIGUSR1 it was sent (no checkpoint_dir, no handler) stopped on request.
         if self._leader_decides() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1)):
             self._on_death(child, code)
             return
         if child.runs_script and (code in (0, PREEMPTED_EXIT_CODE) or not self.plan.every_process_runs_script
-                                  or self.interrupted):
-            if code != 0 or self.interrupted:
+                                  or self.status.interrupted):
+            if code != 0 or self.status.interrupted:
                 self.log.info(f"{child.label} finished with {describe_exit(code)}")
             elif self.identity.leader:
                 self._warn_if_unported(child)
             if not self.processes.script_running():
                 self._script_done(shell_exit_code(code))
             return
-        blamed = self.hangs.blame(child) if child.runs_script and not self.interrupted else None
+        blamed = self.hangs.blame(child) if child.runs_script and not self.status.interrupted else None
         if blamed is not None:  # a peer stopped and this one failed because of it: a fault, not SCRIPT's error
             culprit, what = blamed
             self._on_hung(culprit, what + f" ({child.label} exited with {describe_exit(code)} because of it)")
@@ -437,12 +414,12 @@ class Agent(Membership):
 
     def _warn_if_unported(self, child: Child) -> None:
         """Agent 0: SCRIPT ended well without ever calling keras_distrib: name the idle processes."""
-        plan_file = getattr(self.processes, "plan_file", None)  # None: the lifecycle tests' fakes
+        path = self.processes.progress_file(child.proc)
         others = [p.name for p in self.plan.processes if p.name != child.proc.name]
         # One line per job: the first SCRIPT process speaks for the others (all-reduce, jax).
-        if plan_file is None or self.spec.runs_check or not others or child.proc.index != 0:
+        if path is None or self.spec.runs_check or not others or child.proc.index != 0:
             return
-        if progress.announced(progress_file(plan_file, child.proc)):
+        if progress.announced(path):
             return
         if self.plan.every_process_runs_script:
             what = f"each of the {len(self.plan.processes)} processes ran it alone, on all the data, without the others"
@@ -457,18 +434,18 @@ class Agent(Membership):
     def _script_done(self, code: int) -> None:
         """This agent's SCRIPTs all ended; in allreduce and jax, agent 0 waits for every agent."""
         if not self.identity.leader:
-            self.channel.to_leader(Done(self.identity.agent_id, code, self.generation.number))
-            if self.state is State.RUNNING:
+            self.channel.to_leader(Done(self.identity.agent_id, code, self.status.generation.number))
+            if self.status.state is State.RUNNING:
                 self._enter(State.WAITING)
             return
-        self.done_agents.add(0)
+        self.status.done_agents.add(0)
         if code == PREEMPTED_EXIT_CODE:
             self._after_preemption()
         elif code != 0 and self._elastic():
             self._hold_failure(f"SCRIPT ended with exit code {code}", code)
-        elif code != 0 or not self.plan.every_process_runs_script or self.done_agents >= self.members:
+        elif code != 0 or not self.plan.every_process_runs_script or self.status.done_agents >= self.members:
             self._stop(code)
-        elif self.state is State.RUNNING:
+        elif self.status.state is State.RUNNING:
             self._enter(State.WAITING)
 
     def _on_message(self, agent: int, message: Any) -> None:
@@ -478,11 +455,11 @@ class Agent(Membership):
                     self._stop(0)
                 case Restart(targets):
                     self._restart_here(list(targets))
-                case Start(_, number, nodes) if nodes and number > self.generation.number:
+                case Start(_, number, nodes) if nodes and number > self.status.generation.number:
                     self._reform_here(number, tuple(nodes))
             return
-        if isinstance(message, (Died, Done)) and message.generation != self.generation.number:
-            self.log.debug(f"dropped {message} of generation {message.generation} (now {self.generation.number})")
+        if isinstance(message, (Died, Done)) and message.generation != self.status.generation.number:
+            self.log.debug(f"dropped {message} of generation {message.generation} (now {self.status.generation.number})")
             return
         if agent not in self.members:  # a dropped agent's last words: its processes are no longer the job's
             return
@@ -493,7 +470,7 @@ class Agent(Membership):
                 self._stop(int(code or 1))
             case Died(name, label, code, _):
                 self._decide_restart(name, label, code)
-            case Stuck(name, label, what, seen) if seen >= self.restarts_seen:  # else: already restarted
+            case Stuck(name, label, what, seen) if seen >= self.restarts.seen:  # else: already restarted
                 self._decide_restart(name, label, 1, what)
             case Done(_, code, _) if code == PREEMPTED_EXIT_CODE:
                 self._after_preemption()
@@ -502,14 +479,14 @@ class Agent(Membership):
             case Done(_, code, _) if code:
                 self._stop(int(code))
             case Done():
-                self.done_agents.add(agent)
-                if self.plan.every_process_runs_script and self.done_agents >= self.members:
+                self.status.done_agents.add(agent)
+                if self.plan.every_process_runs_script and self.status.done_agents >= self.members:
                     self._stop(0)
 
     def _on_peer_gone(self, agent: int) -> None:
         if not self.identity.leader:
-            if self.interrupted:  # agent 0 ended on the same signal
-                self._stop(shell_exit_code(-self.interrupted))
+            if self.status.interrupted:  # agent 0 ended on the same signal
+                self._stop(shell_exit_code(-self.status.interrupted))
                 return
             first = self.identity.agent_nodes[0]
             if self._may_rejoin():
@@ -518,11 +495,11 @@ class Agent(Membership):
             self.log.error(f"lost contact with the first node's agent ({first}); stopping.")
             self._stop(1, f"lost contact with the first node's agent ({first})")
         elif agent not in self.members:  # dropped by a re-forming: it stopped, as told (or left again)
-            self.joining.pop(agent, None)
+            self.membership.joining.pop(agent, None)
             return
         elif (left := self._may_continue(node := self.identity.agent_nodes[agent])) is not None:
             self._reform(node, left, "its agent disconnected")
-        elif not self.interrupted:  # else: that agent ended on the same signal; the script decides
+        elif not self.status.interrupted:  # else: that agent ended on the same signal; the script decides
             self.fail(f"the agent on {node} disconnected unexpectedly", 1)
 
     def _on_signal(self, signum: int) -> None:
@@ -532,7 +509,7 @@ class Agent(Membership):
         self.processes.forward(signum)
         if signum == signal.SIGUSR1:
             return
-        self.interrupted = signum
+        self.status.interrupted = signum
         self.log.info(f"got {signal.Signals(signum).name}; forwarded to this node's processes.")
         self._enter(State.DRAINING)
         if not self.processes.has_script():
@@ -546,24 +523,24 @@ class Agent(Membership):
     # -- restarts (docs/faults.md) ------------------------------------------------------
 
     def _may_restart(self) -> bool:
-        return self.spec.options.max_restarts > 0 and not self.spec.runs_check and not self.interrupted
+        return self.spec.options.max_restarts > 0 and not self.spec.runs_check and not self.status.interrupted
 
     def _leader_decides(self) -> bool:
         """Whether a death or hang goes to agent 0's decision: restarts allowed, or a re-forming possible."""
-        elastic = self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
+        elastic = self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.status.interrupted
         return self._may_restart() or elastic
 
     def _on_death(self, child: Child, code: int) -> None:
         """A process died (a server's any exit, a script's signal): agent 0 decides."""
         if not self.identity.leader:
-            self.channel.to_leader(Died(child.proc.name, child.label, code, self.generation.number))
+            self.channel.to_leader(Died(child.proc.name, child.label, code, self.status.generation.number))
         else:
             self._decide_restart(child.proc.name, child.label, code)
 
     def _on_hung(self, culprit: Process | Any, what: str) -> None:
         """A process is stuck (``what`` says how, and where its stacks are): name it, then as a death."""
         proc = getattr(culprit, "proc", culprit)
-        if (proc is not culprit and not self.processes.current(culprit)) or self.interrupted:
+        if (proc is not culprit and not self.processes.current(culprit)) or self.status.interrupted:
             return  # replaced by a restart meanwhile, or the job is ending on a signal anyway
         label = f"{proc.name} on {proc.node}"
         if not self._leader_decides():
@@ -574,7 +551,7 @@ class Agent(Membership):
             self._decide_restart(proc.name, label, 1, what)
         else:
             self.log.debug(f"{label} {what}; agent 0 decides")
-            self.channel.to_leader(Stuck(proc.name, label, what, self.restarts_seen))
+            self.channel.to_leader(Stuck(proc.name, label, what, self.restarts.seen))
 
     def _decide_restart(self, dead: str, label: str, code: int, what: str | None = None) -> None:
         """Agent 0: restart what ``dead`` takes down, on every node, or fail when the budget is spent.
@@ -582,91 +559,36 @@ class Agent(Membership):
         ``what``: how a stuck (not dead) process failed, for the lines.
         """
         budget = self.spec.options.max_restarts
-        if self.restarts >= budget:
+        if self.restarts.used >= budget:
             node = self._node_of(dead)
             if node is not None and (left := self._may_continue(node)) is not None:
                 self._reform(node, left, f"{label} {what or 'exited with ' + describe_exit(code)}; the restart "
-                                         f"budget is spent ({self.restarts}/{budget})")
+                                         f"budget is spent ({self.restarts.used}/{budget})")
                 return
             self.fail(
                 f"{label} {what or 'exited unexpectedly with ' + describe_exit(code)}; the restart budget is spent "
-                f"({self.restarts}/{budget}). HINT: look for the cause in its "
+                f"({self.restarts.used}/{budget}). HINT: look for the cause in its "
                 f"{'stacks' if what else 'output above'}; raise --max-restarts if "
                 f"{'hangs' if what else 'deaths'} are expected",
                 shell_exit_code(code) or 1,
             )
             return
-        self.restarts += 1
+        self.restarts.used += 1
         if what:  # a stuck process, perhaps on another node: the chief here waits for its restart
             self.hangs.restart_clocks()
         targets = restart_targets(self.plan, dead)
-        self.log.info(restart_line(label, describe_exit(code), targets, dead, self.restarts, budget, what))
-        self.done_agents.clear()
+        self.log.info(restart_line(label, describe_exit(code), targets, dead, self.restarts.used, budget, what))
+        self.status.done_agents.clear()
         self.channel.to_all(Restart(tuple(targets)))
         self._restart_here(targets)
 
     def _restart_here(self, targets: list[str]) -> None:
-        self.restarts_seen += 1
+        self.restarts.seen += 1
         self.hangs.keep_frozen_stacks(targets)  # a peer's stopped process, before the kill
-        if self.processes.restart(targets) and self.state is State.WAITING:
+        if self.processes.restart(targets) and self.status.state is State.WAITING:
             self._enter(State.RUNNING)
 
     def _after_preemption(self) -> None:
         """Agent 0: SCRIPT saved a checkpoint on SIGUSR1/SIGTERM and exited: requeue, or say why not."""
         self.log.info("SCRIPT saved a checkpoint after a preemption/time-limit signal and stopped.")
-        self._stop(self.requeue(self.plan.scheduler, self.environ, self.spec.options.requeue, self.log.info))
-
-
-def isolate_local_job(node: str, wanted: bool) -> None:
-    """Local mode: run the job in a private network (loopback only), or say why not."""
-    log = NodeLogger(logger, node)
-    if not wanted:
-        log.warning("--no-isolation: the job's TF servers listen on every interface of this "
-                    "machine while it runs, reachable (and usable) by anyone who can reach this machine.")
-        return
-    try:
-        isolate_network()
-    except IsolationUnavailable as exc:
-        log.warning(f"cannot give the local job a private network ({exc.strerror}); its TF servers listen on every "
-                    "interface of this machine while it runs, reachable by anyone who can reach it.")
-
-
-#: Where every process's output goes by default: the job's working directory (beside Slurm's
-#: slurm-JOBID.out; the PBS/SGE/LSF templates start in the submit directory).
-DEFAULT_LOG_DIR = "keras_distrib-logs"
-
-
-def job_log_dir(options: Options, job: JobInfo) -> Path:
-    """LOG_DIR/SCHEDULER-JOBID, made (all nodes of a job, and its requeued runs, share it)."""
-    base = Path(options.log_dir or DEFAULT_LOG_DIR).expanduser()
-    path = (base / f"{job.scheduler}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in job.job_id)}").absolute()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ClusterConfigError(
-            f"log-dir {str(base)!r}: cannot create {path} ({exc.strerror}).",
-            "pass --log-dir with a directory this job may write (shared by the nodes, like the working directory).",
-        ) from None
-    return path
-
-
-def launch(spec: LaunchSpec) -> int:
-    """Validate what needs this machine, then run this task's agent; its exit code."""
-    job, options = spec.job, spec.options
-    if spec.script is not None and not spec.check and not Path(spec.script).is_file():
-        raise ClusterConfigError(
-            f"SCRIPT {spec.script!r} does not exist (working directory {os.getcwd()}).",
-            "give the training script's path, e.g. python -m keras_distrib.slurm train.py --epochs 3.",
-        )
-    if options.interface:
-        interface_ipv4(options.interface, job.node)  # fail before starting anything
-    require_protocol(options.protocol)
-    spec = replace(spec, log_dir=spec.log_dir or job_log_dir(options, job))
-    if spec.local:
-        isolate_local_job(job.nodes[0], options.isolate)
-    agent = Agent(spec, identity_for(job, spec.mode, spec.local))
-    ports = {p.port: p.name for p in agent.my_processes()}
-    if agent.identity.leader and agent.identity.num_agents > 1:
-        ports[spec.plan.control_port()] = "the agents' control port"
-    require_free_ports(ports, job.node)
-    return agent.run().code
+        self._stop(self.scheduler.requeue(self.plan.scheduler, self.spec.options.requeue, self.log.info))

@@ -206,7 +206,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
         # Every task of a step checks the same environment: rank 0 reports for all, so
         # `srun --ntasks-per-node=2` shows the error once instead of once per task.
         return report_error(exc, speaks=job is None or not job.tasks_launched or job.rank == 0)
-    from .agent import LaunchSpec, launch  # TensorFlow-free, but only needed past this point
+    from .launch import LaunchSpec, launch  # TensorFlow-free, but only needed past this point
 
     spec = LaunchSpec(job, plan, options, mode, args.script, tuple(args.script_args or ()), args.check, local,
                       join=bool(getattr(args, "join", False)))

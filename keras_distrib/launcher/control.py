@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .messages import Beat, Nonce, Refused, to_wire
+from .messages import Beat, Hello, Nonce, PeerGone, PeerJoined, PeerSilent, Refused, to_wire
 
 #: A control message as JSON (messages.py types them; this module moves them).
 Message = dict[str, Any]
@@ -48,11 +48,20 @@ DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 GREETING_TIMEOUT = 60.0
 # Listen backlog: thousands of agents connect at once (the kernel caps it at somaxconn).
 BACKLOG = 65535
-# A lost peer (no heartbeat) is reported to the listener with ``{LOST: seconds}`` (never sent).
-LOST = "lost"
-# An agent that connects once the job runs (it was dropped, and is back) is reported to the
-# listener with ``{JOINED: its hello}`` (never sent).
-JOINED = "joined"
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message an authenticated agent sent (a decoded JSON object, not yet read as a kind)."""
+
+    agent: int
+    message: Message
+
+
+#: What the server reports to its listener: a message, a peer that disconnected (``PeerGone``),
+#: one silent past the heartbeat timeout (``PeerSilent``), or one that connected once the job
+#: ran (``PeerJoined``: it was dropped and is back).
+PeerReport = Received | PeerGone | PeerSilent | PeerJoined
 
 
 class ControlError(RuntimeError):
@@ -153,18 +162,18 @@ class ControlServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ)
         self._peers: dict[int, _Connection] = {}
-        self._hellos: dict[int, Message] = {}
+        self._hellos: dict[int, Hello] = {}
         self._changed = threading.Condition()
         self._send_lock = threading.Lock()
-        self._on_message: Callable[[int, Message | None], None] | None = None
-        self._held: list[tuple[int, Message | None]] = []
+        self._on_report: Callable[[PeerReport], None] | None = None
+        self._held: list[PeerReport] = []
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="control-server", daemon=True)
         self._thread.start()
 
     # -- the public side -------------------------------------------------------------
 
-    def gather(self, timeout: float, names: dict[int, str]) -> dict[int, Message]:
+    def gather(self, timeout: float, names: dict[int, str]) -> dict[int, Hello]:
         """Wait until every other agent said hello; name the missing ones on timeout."""
         deadline = time.monotonic() + timeout
         with self._changed:
@@ -179,13 +188,13 @@ class ControlServer:
                 self._changed.wait(min(remaining, 1.0))
             return dict(self._hellos)
 
-    def listen(self, on_message: Callable[[int, Message | None], None]) -> None:
-        """Deliver each agent's messages (None when it disconnects, ``{LOST: s}`` when silent)."""
+    def listen(self, on_report: Callable[[PeerReport], None]) -> None:
+        """Report each agent's messages, disconnection, silence and return (``PeerReport``)."""
         with self._changed:
-            self._on_message = on_message
+            self._on_report = on_report
             held, self._held = self._held, []
-        for agent, message in held:
-            on_message(agent, message)
+        for report in held:
+            on_report(report)
 
     def broadcast(self, message: Message) -> None:
         """Send ``message`` to every connected agent (encoded once)."""
@@ -294,7 +303,7 @@ class ControlServer:
         if conn.agent is None:
             return self._authenticate(conn, message)
         if Beat.KEY not in message:
-            self._deliver(conn.agent, message)
+            self._deliver(Received(conn.agent, message))
         return True
 
     def _authenticate(self, conn: _Connection, hello: Message) -> bool:
@@ -309,14 +318,15 @@ class ControlServer:
         if agent in self._peers:
             self._refuse(conn, f"claims agent id {agent}, which is already connected")
             return False
+        known = Hello(agent, str(hello.get("node")), hello.get("ip"), hello.get("plan"))
         conn.agent = agent
         self._peers[agent] = conn
         with self._changed:
-            running = self._on_message is not None
-            self._hellos[agent] = hello
+            running = self._on_report is not None
+            self._hellos[agent] = known
             self._changed.notify_all()
         if running:  # the job formed long ago: a dropped agent is back (agent.py decides)
-            self._deliver(agent, {JOINED: hello})
+            self._deliver(PeerJoined(agent, known))
         return True
 
     def _refuse(self, conn: _Connection, reason: str) -> None:
@@ -341,7 +351,7 @@ class ControlServer:
         self._unregister(conn)
         if agent is not None and self._peers.get(agent) is conn:
             del self._peers[agent]
-            self._deliver(agent, {LOST: round(silent_for, 1)})
+            self._deliver(PeerSilent(agent, round(silent_for, 1)))
 
     def _drop(self, conn: _Connection, reason: str | None) -> None:
         """Close ``conn``; a stranger gets one log line, a known agent a None message."""
@@ -353,7 +363,7 @@ class ControlServer:
             del self._peers[agent]
             if reason:
                 self.log(f"control port {self.port}: agent {agent} ({conn.peer}) {reason}; closed it")
-            self._deliver(agent, None)
+            self._deliver(PeerGone(agent))
 
     def _unregister(self, conn: _Connection) -> None:
         try:
@@ -374,13 +384,13 @@ class ControlServer:
             except OSError:
                 pass
 
-    def _deliver(self, agent: int, message: Message | None) -> None:
+    def _deliver(self, report: PeerReport) -> None:
         with self._changed:
-            callback = self._on_message
+            callback = self._on_report
             if callback is None:
-                self._held.append((agent, message))
+                self._held.append(report)
                 return
-        callback(agent, message)
+        callback(report)
 
 
 class ControlClient:

@@ -24,8 +24,7 @@ from ..plan import Plan, build_plan
 from . import control
 from .interfaces import interface_ipv4
 from .messages import (
-    Event, FromPeer, Hello, JobMessage, MessageError, PeerGone, PeerJoined, PeerSilent, Start, Stop, decode,
-    to_wire,
+    Event, FromPeer, Hello, JobMessage, MessageError, PeerGone, Start, Stop, decode, to_wire,
 )
 from .options import Options
 
@@ -121,7 +120,7 @@ class FollowerChannel:
     def _relay(self) -> None:
         try:
             while (raw := self.client.receive()) is not None:
-                event = peer_event(0, raw)
+                event = peer_event(control.Received(0, raw))
                 if event is not None:
                     self._post(event)
         except control.ControlError as exc:  # refused: e.g. agent 0 still holds this agent's old connection
@@ -138,21 +137,17 @@ class FollowerChannel:
         self.client.close()
 
 
-def peer_event(agent: int, raw: control.Message | None) -> Event | None:
-    """The event for what the control channel delivered (None: an unknown kind, logged)."""
-    if raw is None:
-        return PeerGone(agent)
-    if control.LOST in raw:
-        return PeerSilent(agent, float(raw[control.LOST]))
-    if control.JOINED in raw:
-        return PeerJoined(agent, dict(raw[control.JOINED]))
+def peer_event(report: control.PeerReport) -> Event | None:
+    """The agent's event for what the control server reported (None: an unknown kind, logged)."""
+    if not isinstance(report, control.Received):
+        return report  # PeerGone, PeerSilent, PeerJoined: events as they are
     try:
-        message = decode(raw)
+        message = decode(report.message)
     except MessageError as exc:  # an authenticated agent of another version: say so, go on
-        logger.warning(f"agent {agent} sent {exc}; ignored")
+        logger.warning(f"agent {report.agent} sent {exc}; ignored")
         return None
     if isinstance(message, JobMessage):
-        return FromPeer(agent, message)
+        return FromPeer(report.agent, message)
     return None
 
 
@@ -196,7 +191,7 @@ def form_job(
         channel = LeaderChannel(server, secret_file, linger=options.shutdown_grace + LINGER_MARGIN_S)
         try:
             hellos = server.gather(options.startup_timeout, others)
-            differ = sorted(a for a, h in hellos.items() if h.get("plan") != digest)
+            differ = sorted(a for a, h in hellos.items() if h.plan != digest)
             if differ:
                 raise control.ControlError(
                     f"the plan computed on {control.first_few(others[a] for a in differ)} differs from this node's "
@@ -207,12 +202,12 @@ def form_job(
             raise
         start = Start()
         if my_ip:
-            start = Start(hosts={h["node"]: h["ip"] for h in hellos.values()} | {identity.node: my_ip})
+            start = Start(hosts={h.node: h.ip for h in hellos.values()} | {identity.node: my_ip})
             plan = readdressed(job, plan, start.hosts or {})
         channel.to_all(start)
 
-        def deliver(agent: int, raw: control.Message | None) -> None:
-            event = peer_event(agent, raw)
+        def deliver(report: control.PeerReport) -> None:
+            event = peer_event(report)
             if event is not None:
                 post(event)
 

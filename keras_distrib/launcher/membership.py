@@ -1,23 +1,26 @@
-"""Elastic membership, the agent's policy for it (docs/faults.md, Node loss).
+"""Elastic membership (docs/faults.md, Node loss): its record, and the agent's policy for it.
 
-``Membership`` is a part of ``agent.Agent`` (a mixin over the agent's state): a node lost
-with --min-nodes (the job re-forms on the survivors), a dropped agent that reconnects (it
-joins at the next checkpoint, up to --max-nodes), and a SCRIPT failure held until a node
-loss explains it. Every decision goes through the agent's state machine and mechanism.
+* ``Membership``: agent 0's record of the nodes beyond the current plan (the nodes the
+  job formed on, those back and waiting to join, those dropped for silence), with the
+  decisions that follow from it alone, each given what else it needs as arguments.
+* ``MembershipPolicy``: the handlers of ``agent.Agent`` (mixed into it, no state of its
+  own) for a node lost with --min-nodes (the job re-forms on the survivors), a dropped
+  agent that reconnects (it joins at the next checkpoint, up to --max-nodes), and a SCRIPT
+  failure held until a node loss explains it. They act through the agent's state machine.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from .. import progress
-from ..contract import PREEMPTED_EXIT_CODE, progress_file
-from ..plan import survivors_plan
+from ..contract import PREEMPTED_EXIT_CODE
+from ..plan import Plan, survivors_plan
 from . import control
 from .formation import Channel, plan_digest, rejoin_job
-from .messages import FailureDue, Failed, JoinDue, RejoinFailed, Rejoined, Start
+from .messages import FailureDue, Failed, Hello, JoinDue, RejoinFailed, Rejoined, Start
 from .states import Generation, State
 
 # How long an agent cut off from agent 0 (--min-nodes) keeps trying to reach it again.
@@ -29,30 +32,81 @@ JOIN_POLL = 1.0
 FAILURE_GRACE = 5.0
 
 
+@dataclass
 class Membership:
-    """The node-loss and node-return decisions of ``agent.Agent``, which this class is mixed into.
+    """Agent 0's record of the job's nodes beyond the current plan."""
 
-    It reads and changes the agent's state (``generation``, ``state``, ``joining``,
-    ``silent_nodes``, ...) and acts through its mechanism (``processes``, ``channel``,
-    ``timers``); ``Agent.__init__`` sets them all.
+    formed_plan: Plan  # generation 0's: every re-forming picks its nodes from it
+    joining: dict[int, str] = field(default_factory=dict)  # agents back after a drop, by id: their nodes
+    join_mark: tuple[int, int] | None = None  # the writer's last checkpoint when they came back
+    join_armed: bool = False  # a JoinDue is pending
+    silent_nodes: set[str] = field(default_factory=set)  # dropped for silence: their tasks may still run
+
+    @staticmethod
+    def survivors(plan: Plan, lost: str, min_nodes: int | None) -> tuple[str, ...] | None:
+        """The nodes the job goes on on without ``lost``; None: too few, or ``lost`` is the
+        first node (agent 0 and the chief live there: it is never dropped)."""
+        left = tuple(n for n in plan.nodes if n != lost)
+        ok = min_nodes is not None and lost != plan.nodes[0] and lost in plan.nodes and len(left) >= min_nodes
+        return left if ok else None
+
+    def forget(self, node: str) -> None:
+        """``node`` left again before it joined."""
+        self.joining = {a: n for a, n in self.joining.items() if n != node}
+
+    def refusal(self, node: str, plan: Plan, closed: str | None, same_plan: bool,
+                max_nodes: int | None) -> tuple[int, str] | None:
+        """(log level, line) saying why the agent of ``node``, connected again, stays out;
+        None: it may join. ``closed``: the job's state where it takes no node (else None)."""
+        if node in plan.nodes:  # a second agent for a node in the job (--join on a node not lost)
+            return logging.WARNING, f"an agent on {node} connected to join, but {node} is in the job; it stays out."
+        if closed is not None:
+            return logging.INFO, f"the agent on {node} connected again; the job is {closed}, so it stays out."
+        if not same_plan:
+            return logging.WARNING, f"the agent on {node} connected again with another plan (other options?); it stays out."
+        limit = max_nodes or len(self.formed_plan.nodes)
+        if len(plan.nodes) + len(self.joining) >= limit:
+            return logging.INFO, f"{node} is back, but the job runs on its {limit} nodes (--max-nodes); it stays out."
+        return None
+
+    def admit(self, agent: int, node: str, checkpoint: tuple[int, int] | None) -> None:
+        """``node`` joins at the first checkpoint after ``checkpoint`` (the last one now)."""
+        if not self.joining:
+            self.join_mark = checkpoint
+        self.joining[agent] = node
+
+    def take_back(self, plan: Plan) -> tuple[list[str], tuple[str, ...]]:
+        """(the nodes back, every node of the next generation, in the formed plan's order)."""
+        back = [n for n in self.formed_plan.nodes if n in self.joining.values()]
+        nodes = tuple(n for n in self.formed_plan.nodes if n in plan.nodes or n in back)
+        self.joining.clear()
+        self.silent_nodes -= set(back)
+        return back, nodes
+
+
+class MembershipPolicy:
+    """The node-loss and node-return handlers of ``agent.Agent``, which this class is mixed into.
+
+    They read the agent's ``status``, ``membership``, ``spec`` and ``identity`` and act
+    through its mechanism (``processes``, ``channel``, ``timers``, ``scheduler``).
     """
 
     def _on_node_lost(self, node: str, silent_for: float) -> None:
         """Agent 0: a node went silent. Go on without it (--min-nodes), or stop; with --requeue, requeue."""
         if node not in self.plan.nodes:  # dropped already (or came back and left again before joining)
-            self.joining = {a: n for a, n in self.joining.items() if n != node}
+            self.membership.forget(node)
             return
         if (left := self._may_continue(node)) is not None:
-            self.silent_nodes.add(node)
+            self.membership.silent_nodes.add(node)
             self._reform(node, left, f"its agent sent no heartbeat for {silent_for:.0f} s")
             return
         reason = f"lost the node {node}: its agent sent no heartbeat for {silent_for:.0f} s (node down or network cut)"
         if not self.spec.options.requeue:
             self.fail(reason, 1)
-            self.result = replace(self.result, lost_node=node)  # run() ends the step once all is stopped
+            self.status.result = replace(self.status.result, lost_node=node)  # run() ends the step once all is stopped
             return
         self.log.error(f"{reason}; stopping the job and requeueing it, to resume from the last checkpoint.")
-        code = self.requeue(self.plan.scheduler, self.environ, True, self.log.info)
+        code = self.scheduler.requeue(self.plan.scheduler, True, self.log.info)
         self._stop(1 if code == PREEMPTED_EXIT_CODE else code, reason)
 
     # -- node loss: continue on the survivors (--min-nodes; docs/faults.md, Node loss) ----------
@@ -67,29 +121,24 @@ class Membership:
 
     def _may_continue(self, lost: str) -> tuple[str, ...] | None:
         """Agent 0: the nodes the job goes on on without ``lost``; None: stop or requeue as before."""
-        minimum = self.spec.options.min_nodes
-        left = tuple(n for n in self.plan.nodes if n != lost)
-        ok = (minimum is not None and self.identity.leader and not self.interrupted and not self.spec.runs_check
-              # agent 0 and the chief live on the first node: it is never dropped
-              and lost != self.plan.nodes[0] and lost in self.plan.nodes
-              and self.state in (State.RUNNING, State.WAITING) and len(left) >= minimum)
-        return left if ok else None
+        if (not self.identity.leader or self.status.interrupted or self.spec.runs_check
+                or self.status.state not in (State.RUNNING, State.WAITING)):
+            return None
+        return Membership.survivors(self.plan, lost, self.spec.options.min_nodes)
 
     def _reform(self, lost: str, left: tuple[str, ...], why: str) -> None:
         """Agent 0: say so in one line, order every agent onto the next generation, and go there."""
         self.log.warning(f"lost {lost}; continuing on {len(left)} nodes ({', '.join(left)}) "
                          f"{self._resume_point()} ({why})")
-        number = self.generation.number + 1
+        number = self.status.generation.number + 1
         self.channel.to_all(Start(generation=number, nodes=left))  # a dropped agent still connected stops on it
         self._reform_here(number, left)
 
     def _last_checkpoint(self) -> tuple[int, int] | None:
         """(step, epoch) of the writer's last checkpoint, as its progress file tells (progress.py); None: none."""
-        plan_file = getattr(self.processes, "plan_file", None)  # None: the lifecycle tests' fakes
         writer = next((p for p in self.plan.script_runners if p.index == 0), None)
-        if plan_file is None or writer is None:
-            return None
-        return progress.last_checkpoint(progress_file(plan_file, writer))
+        path = None if writer is None else self.processes.progress_file(writer)
+        return None if path is None else progress.last_checkpoint(path)
 
     def _resume_point(self) -> str:
         """Where SCRIPT resumes, for the membership lines."""
@@ -104,7 +153,7 @@ class Membership:
     # -- a node comes back (docs/faults.md, Node loss) ---------------------------------------
 
     def _elastic(self) -> bool:
-        return self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
+        return self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.status.interrupted
 
     def _script_failed(self, reason: str, code: int) -> None:
         """SCRIPT failed here (--min-nodes): a node lost meanwhile may be why, so agent 0 waits to see."""
@@ -120,16 +169,16 @@ class Membership:
         grace = self.spec.options.heartbeat_timeout + FAILURE_GRACE
         self.log.warning(f"{reason}; the job stops in {grace:.0f} s unless a node is found lost by then "
                          "(--min-nodes: a lost peer fails the others' collectives).")
-        self.timers.after(grace, FailureDue(reason, code, self.generation.number))
+        self.timers.after(grace, FailureDue(reason, code, self.status.generation.number))
 
     def _may_rejoin(self) -> bool:
         """A follower cut off from agent 0: try to rejoin (--min-nodes), rather than stop."""
-        return (self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.interrupted
-                and self.state in (State.RUNNING, State.WAITING, State.FORMING))
+        return (self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.status.interrupted
+                and self.status.state in (State.RUNNING, State.WAITING, State.FORMING))
 
     def _rejoin(self, why: str) -> None:
         """RUNNING/WAITING -> FORMING: stop this node's processes (the job goes on without them), reconnect."""
-        again = self.state is State.FORMING  # a reconnection refused (agent 0 still held the old one)
+        again = self.status.state is State.FORMING  # a reconnection refused (agent 0 still held the old one)
         if again:
             self.log.debug(f"{why}; reconnecting")
         else:
@@ -163,65 +212,54 @@ class Membership:
     def _on_rejoined(self, channel: Channel) -> None:
         self.channel.close()
         self.channel = channel
-        if self.state is State.FORMING:
+        if self.status.state is State.FORMING:
             self.log.info("connected to the first node's agent again; it takes this node back at the job's next checkpoint.")
 
-    def _on_joined(self, agent: int, hello: dict[str, Any]) -> None:
+    def _on_joined(self, agent: int, hello: Hello) -> None:
         """Agent 0: a dropped agent connected again: it joins at the next checkpoint, up to --max-nodes."""
         node = self.identity.agent_nodes.get(agent)
         if node is None or not self.identity.leader:
             return
-        if node in self.plan.nodes:  # a second agent for a node in the job (--join on a node not lost)
-            self.log.warning(f"an agent on {node} connected to join, but {node} is in the job; it stays out.")
+        takes_nodes = (self.spec.options.min_nodes is not None and self.status.state is State.RUNNING
+                       and not self.status.interrupted)
+        refusal = self.membership.refusal(node, self.plan, None if takes_nodes else self.status.state.value,
+                                          hello.plan == plan_digest(self.spec.plan), self.spec.options.max_nodes)
+        if refusal is not None:
+            self.log.log(*refusal)
             return
-        if self.spec.options.min_nodes is None or self.state is not State.RUNNING or self.interrupted:
-            self.log.info(f"the agent on {node} connected again; the job is {self.state.value}, so it stays out.")
-            return
-        if hello.get("plan") != plan_digest(self.spec.plan):
-            self.log.warning(f"the agent on {node} connected again with another plan (other options?); it stays out.")
-            return
-        limit = self.spec.options.max_nodes or len(self.formed_plan.nodes)
-        if len(self.plan.nodes) + len(self.joining) >= limit:
-            self.log.info(f"{node} is back, but the job runs on its {limit} nodes (--max-nodes); it stays out.")
-            return
-        if not self.joining:
-            self.join_mark = self._last_checkpoint()
-        self.joining[agent] = node
+        self.membership.admit(agent, node, self._last_checkpoint())
         when = "now (SCRIPT checkpoints itself)" if self.plan.is_jax else "at the job's next checkpoint"
         self.log.info(f"{node} is back (its agent connected again); it joins {when}.")
         self._arm_join(0.0 if self.plan.is_jax else JOIN_POLL)
 
     def _arm_join(self, seconds: float = JOIN_POLL) -> None:
-        if not self.join_armed:
-            self.join_armed = True
+        if not self.membership.join_armed:
+            self.membership.join_armed = True
             self.timers.after(seconds, JoinDue())
 
     def _on_join_due(self) -> None:
         """Agent 0: once the writer checkpointed after the nodes came back, re-form with them."""
-        self.join_armed = False
-        if not self.joining or self.state is not State.RUNNING or self.interrupted:
+        self.membership.join_armed = False
+        if not self.membership.joining or self.status.state is not State.RUNNING or self.status.interrupted:
             return
         mark = self._last_checkpoint()
-        if not self.plan.is_jax and (mark is None or mark == self.join_mark):
+        if not self.plan.is_jax and (mark is None or mark == self.membership.join_mark):
             self._arm_join()
             return
-        back = [n for n in self.formed_plan.nodes if n in self.joining.values()]
-        nodes = tuple(n for n in self.formed_plan.nodes if n in self.plan.nodes or n in back)
+        back, nodes = self.membership.take_back(self.plan)
         self.log.warning(f"{', '.join(back)} rejoined; continuing on {len(nodes)} nodes ({', '.join(nodes)}) "
                          f"{self._resume_point()}")
-        self.joining.clear()
-        self.silent_nodes -= set(back)
-        number = self.generation.number + 1
+        number = self.status.generation.number + 1
         self.channel.to_all(Start(generation=number, nodes=nodes))
         self._reform_here(number, nodes)
 
     def _reform_here(self, number: int, nodes: tuple[str, ...]) -> None:
         """Every agent: RUNNING/WAITING -> FORMING -> RUNNING on generation ``number``, the plan on ``nodes``."""
-        rejoining = self.state is State.FORMING  # a dropped agent back, not (yet) among ``nodes``
+        rejoining = self.status.state is State.FORMING  # a dropped agent back, not (yet) among ``nodes``
         self._enter(State.FORMING)
-        self.generation = Generation(number, survivors_plan(self.formed_plan, self.spec.job, nodes))
-        self.restarts_seen += 1  # a Stuck report from before is stale
-        self.done_agents.clear()  # the new generation's SCRIPTs have not ended
+        self.status.generation = Generation(number, survivors_plan(self.membership.formed_plan, self.spec.job, nodes))
+        self.restarts.seen += 1  # a Stuck report from before is stale
+        self.status.done_agents.clear()  # the new generation's SCRIPTs have not ended
         if self.identity.node not in nodes:
             if rejoining:  # another node's loss or return: keep waiting for this one's turn
                 return

@@ -237,10 +237,10 @@ class PeerSilent:
 
 @dataclass(frozen=True)
 class PeerJoined:
-    """Agent 0: an agent not in the current generation connected again (its ``Hello``, as sent)."""
+    """Agent 0: an agent not in the current generation connected again (its ``Hello``)."""
 
     agent: int
-    hello: dict[str, Any]
+    hello: Hello
 
 
 @dataclass(frozen=True)

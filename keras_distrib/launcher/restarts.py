@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..plan import CHIEF, PS, Plan
 
 
@@ -40,3 +42,11 @@ def restart_line(label: str, how: str, targets: list[str], dead: str, used: int,
     else:
         todo = f"restarting all {len(targets)} workers, which resume from the last checkpoint"
     return f"{label} {what or 'exited with ' + how}; {todo} ({used}/{budget})"
+
+
+@dataclass
+class RestartCount:
+    """The restarts agent 0 ordered against --max-restarts, and those carried out on this node."""
+
+    used: int = 0  # agent 0: against the budget
+    seen: int = 0  # carried out here (restarts and re-formings): a Stuck report from before is stale

@@ -1,8 +1,8 @@
-"""The agent's states, its result and the numbered plan it runs (shared by agent.py and membership.py)."""
+"""The agent's states, its result, the numbered plan it runs and where its run is (agent.py, membership.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from ..plan import Plan
@@ -45,3 +45,14 @@ class Generation:
 
     number: int
     plan: Plan
+
+
+@dataclass
+class RunStatus:
+    """Where one agent's run is. Only the agent changes it; its ``_enter`` checks TRANSITIONS."""
+
+    generation: Generation
+    state: State = State.FORMING
+    result: RunResult | None = None
+    interrupted: int | None = None  # the SIGINT/SIGTERM being drained
+    done_agents: set[int] = field(default_factory=set)  # agent 0: agents whose SCRIPTs all ended well

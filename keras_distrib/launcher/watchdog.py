@@ -396,16 +396,23 @@ def poll_interval(hang_timeout: float) -> float:
     return min(5.0, max(0.5, hang_timeout / 10))
 
 
+def default_stacks_dir(scheduler: str, job_id: str) -> Path:
+    """Where stacks go for an agent built without a log directory (tests): under /tmp."""
+    return Path(tempfile.gettempdir()) / f"keras_distrib-{scheduler}-{job_id}"
+
+
 @dataclass
 class HangGuard:
     """What an agent does about hangs: runs the ``Watchdog``, keeps stacks, reads blame.
 
-    Disabled (every method a no-op) with --hang-timeout 0, for the cluster check, and for
-    an agent whose processes are fakes (no ``children``: the lifecycle tests).
+    Disabled (every method a no-op) with --hang-timeout 0 and for the cluster check. It
+    sees the agent's processes only through ``watched`` (the children to sample) and
+    ``progress_of`` (each one's progress file), and the plan through ``plan_processes``.
     """
 
     post: Callable[[Any], None]
-    processes: Any
+    watched: Callable[[], Sequence[Any]]
+    progress_of: Callable[[Any], Path | None]
     plan_processes: Callable[[], Sequence[Any]]
     stacks_dir: Path
     hang_timeout: float
@@ -413,26 +420,11 @@ class HangGuard:
     enabled: bool = True
     watchdog: Watchdog | None = None
 
-    @classmethod
-    def for_agent(cls, agent: Any) -> HangGuard:
-        spec = agent.spec
-        job = spec.job
-        # The job's log directory (launch makes it); an agent built without one (tests) uses /tmp.
-        directory = spec.log_dir or Path(tempfile.gettempdir()) / f"keras_distrib-{job.scheduler}-{job.job_id}"
-        hang_timeout = float(spec.options.hang_timeout)
-        enabled = hang_timeout > 0 and not spec.runs_check and hasattr(agent.processes, "children")
-        return cls(agent.post, agent.processes, lambda: agent.plan.processes, Path(directory), hang_timeout,
-                   agent.identity.num_agents, enabled)
-
     def _children(self) -> list[Any]:
-        # Real children only: the lifecycle tests' and the control-plane bench's fakes have no process.
-        return [c for c in getattr(self.processes, "children", ()) if hasattr(c, "popen")]
+        return list(self.watched())
 
     def _progress_path(self, child: Any) -> Path | None:
-        from ..contract import progress_file
-
-        plan_file = getattr(self.processes, "plan_file", None)
-        return progress_file(plan_file, child.proc) if plan_file is not None else None
+        return self.progress_of(child.proc)
 
     def start(self) -> None:
         if not self.enabled:
@@ -486,7 +478,7 @@ class HangGuard:
             job, index = name.split(":")
             return f"{next(iter(jobs))}:{index}" if job not in jobs and len(jobs) == 1 else name
 
-        names = [n for n in map(in_plan, blamed_peers(list(getattr(failed, "tail", ())))) if n != failed.proc.name]
+        names = [n for n in map(in_plan, blamed_peers(list(failed.tail))) if n != failed.proc.name]
         if names:
             local = next((c for c in alive if c.proc.name == names[0]), None)
             why = f"stopped sending heartbeats (named by {failed.proc.name}'s error)"

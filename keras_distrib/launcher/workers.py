@@ -130,6 +130,13 @@ class LocalProcesses:
         """False for a child a restart replaced (its exit is no news)."""
         return child in self.children
 
+    def watched(self) -> list[Child]:
+        """Every child: the hang watchdog samples them all."""
+        return list(self.children)
+
+    def progress_file(self, proc: Process) -> Path | None:
+        return None if self.plan_file is None else contract.progress_file(self.plan_file, proc)
+
     def has_script(self) -> bool:
         """Whether SCRIPT runs on this node (alive or ended)."""
         return any(c.runs_script for c in self.children)

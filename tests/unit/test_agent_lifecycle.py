@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from keras_distrib.contract import PREEMPTED_EXIT_CODE
 from keras_distrib.launcher.agent import TRANSITIONS, Agent, LaunchSpec, State
 from keras_distrib.launcher.formation import Identity
 from keras_distrib.launcher.messages import (
-    ChildExited, Died, Done, Event, Failed, FromPeer, JobMessage, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
+    ChildExited, Died, Done, Event, Failed, FromPeer, Hello, JobMessage, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
     ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop,
 )
 from keras_distrib.launcher.options import Options
@@ -34,6 +35,7 @@ class FakeChild:
     proc: Process
     runs_script: bool
     alive: bool = True
+    tail: tuple[bytes, ...] = ()  # its output's last lines
 
     @property
     def label(self) -> str:
@@ -47,6 +49,7 @@ class FakeProcesses:
     restarted: list[list[str]] = field(default_factory=list)
     forwarded: list[int] = field(default_factory=list)
     reformed: list[list[str]] = field(default_factory=list)  # what each re-forming started here
+    plan_file: Path | None = None  # where progress files are (None: none yet, as before a start)
 
     def start(self, plan: Plan, launches: list[Launch]) -> None:
         self.launches += launches
@@ -77,6 +80,14 @@ class FakeProcesses:
 
     def shutdown(self, grace: float) -> None:
         pass
+
+    def watched(self) -> list[Any]:
+        return []  # no operating-system process to sample
+
+    def progress_file(self, proc: Process) -> Path | None:
+        from keras_distrib.contract import progress_file
+
+        return None if self.plan_file is None else progress_file(self.plan_file, proc)
 
     def named(self, name: str) -> FakeChild:
         return next(c for c in self.children if c.proc.name == name)
@@ -195,7 +206,7 @@ def test_only_the_allowed_transitions_happen() -> None:
 def test_a_dead_worker_with_restarts_left_is_restarted_alone(lines: list[str]) -> None:
     h = harness(max_restarts=2)
     h.exit("worker:0", -signal.SIGKILL)
-    assert h.state is State.RUNNING and h.agent.restarts == 1
+    assert h.state is State.RUNNING and h.agent.restarts.used == 1
     assert h.processes.restarted == [["worker:0"]]
     assert h.channel.to_all_sent == [Restart(("worker:0",))]
     assert "worker:0 on n1 exited with signal 9 (SIGKILL); restarting it (1/2)" in lines
@@ -213,7 +224,7 @@ def test_an_exit_of_a_replaced_child_is_no_news() -> None:
     old = h.processes.named("worker:0")
     h.exit("worker:0", -9)
     h.agent.handle(ChildExited(old, -9))  # type: ignore[arg-type]  # the same, delivered late
-    assert h.agent.restarts == 1 and h.state is State.RUNNING
+    assert h.agent.restarts.used == 1 and h.state is State.RUNNING
 
 
 def test_another_node_reports_a_death_and_waits_for_the_order() -> None:
@@ -519,11 +530,11 @@ def test_stale_died_and_done_of_an_older_generation_are_ignored() -> None:
     h = harness("allreduce", min_nodes=2, max_restarts=1)
     h.agent.handle(PeerSilent(2, 31))
     h.agent.handle(FromPeer(1, Died("worker:1", "worker:1 on n2", -9, 0)))  # from before the re-forming
-    assert h.agent.restarts == 0 and h.channel.to_all_sent == [Start(generation=1, nodes=("n1", "n2"))]
+    assert h.agent.restarts.used == 0 and h.channel.to_all_sent == [Start(generation=1, nodes=("n1", "n2"))]
     h.agent.handle(FromPeer(1, Done(1, 1, 0)))  # an old SCRIPT's failure: its process is gone
     assert h.state is State.RUNNING
     h.agent.handle(FromPeer(1, Died("worker:1", "worker:1 on n2", -9, 1)))  # the current generation's
-    assert h.agent.restarts == 1 and h.channel.to_all_sent[-1] == Restart(("worker:0", "worker:1"))
+    assert h.agent.restarts.used == 1 and h.channel.to_all_sent[-1] == Restart(("worker:0", "worker:1"))
 
 
 def test_no_reforming_while_draining_on_a_signal() -> None:
@@ -576,10 +587,10 @@ def checkpoint_at(processes: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
         progress.reset()
 
 
-def hello_of(h: Harness, agent: int) -> dict[str, Any]:
+def hello_of(h: Harness, agent: int, **changes: Any) -> Hello:
     from keras_distrib.launcher.formation import plan_digest
 
-    return {"agent": agent, "node": NODES[agent], "ip": None, "plan": plan_digest(h.agent.spec.plan)}
+    return replace(Hello(agent, NODES[agent], None, plan_digest(h.agent.spec.plan)), **changes)
 
 
 def test_a_node_back_joins_at_the_next_checkpoint(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
@@ -589,7 +600,7 @@ def test_a_node_back_joins_at_the_next_checkpoint(tmp_path: Any, monkeypatch: py
     h = harness(min_nodes=2)
     checkpoint_at(h.processes, tmp_path, monkeypatch, 400, 2)
     h.agent.handle(PeerSilent(2, 31))
-    assert h.agent.plan.nodes == ("n1", "n2") and h.agent.silent_nodes == {"n3"}
+    assert h.agent.plan.nodes == ("n1", "n2") and h.agent.membership.silent_nodes == {"n3"}
     h.agent.handle(PeerJoined(2, hello_of(h, 2)))
     assert lines[-1] == "n3 is back (its agent connected again); it joins at the job's next checkpoint."
     assert [type(e) for _, e in h.timers.pending] == [JoinDue]
@@ -601,9 +612,9 @@ def test_a_node_back_joins_at_the_next_checkpoint(tmp_path: Any, monkeypatch: py
     assert h.channel.to_all_sent[-1] == Start(generation=2, nodes=NODES)
     assert h.processes.reformed[-1] == ["chief:0", "ps:0", "worker:0"]
     assert lines[-1] == "n3 rejoined; continuing on 3 nodes (n1, n2, n3) from the checkpoint at epoch 3, step 600"
-    assert h.agent.silent_nodes == set() and h.agent.joining == {}
+    assert h.agent.membership.silent_nodes == set() and h.agent.membership.joining == {}
     # the plan is the job's first one again: n3 holds ps:2 and worker:2
-    assert h.agent.plan == h.agent.formed_plan
+    assert h.agent.plan == h.agent.membership.formed_plan
 
 
 def test_a_node_that_leaves_again_before_the_checkpoint_does_not_join(tmp_path: Any,
@@ -630,8 +641,8 @@ def test_a_node_back_stays_out_beyond_max_nodes_or_with_another_plan(options: di
 
     h = harness(**options)
     h.agent.handle(PeerSilent(2, 31))
-    h.agent.handle(PeerJoined(2, hello_of(h, 2) | (hello or {})))
-    assert lines[-1] == said and h.timers.pending == [] and h.agent.joining == {}
+    h.agent.handle(PeerJoined(2, hello_of(h, 2, **(hello or {}))))
+    assert lines[-1] == said and h.timers.pending == [] and h.agent.membership.joining == {}
 
 
 def test_jax_takes_a_node_back_at_once(lines: list[str]) -> None:
@@ -681,9 +692,9 @@ def test_the_end_writes_the_exit_code_and_ends_the_step_while_a_silent_node_may_
 
     h = harness(min_nodes=2, exit_code_file=str(tmp_path / "sub" / "exit-code"))
     ended: list[str] = []
-    h.agent.end_step = lambda scheduler, environ, say: ended.append(scheduler)
+    h.agent.scheduler = replace(h.agent.scheduler, end_job_step=lambda scheduler, environ, say: ended.append(scheduler))
     h.agent.form = lambda: (h.channel, h.agent.plan)  # type: ignore[method-assign]
-    h.agent.state = State.FORMING  # as before run()
+    h.agent.status.state = State.FORMING  # as before run()
     h.agent.post(PeerSilent(2, 31))
     h.agent.post(FromPeer(1, Failed("worker:1 on n2 exited with 3", 3)))
     h.agent.post(FailureDue("worker:1 on n2 exited with 3", 3, 1))  # no loss within the grace
@@ -749,4 +760,4 @@ def test_a_second_agent_for_a_node_in_the_job_stays_out(lines: list[str]) -> Non
     h = harness(min_nodes=2)
     h.agent.handle(PeerJoined(2, hello_of(h, 2)))
     assert lines[-1] == "an agent on n3 connected to join, but n3 is in the job; it stays out."
-    assert h.agent.joining == {} and h.agent.plan.nodes == NODES
+    assert h.agent.membership.joining == {} and h.agent.plan.nodes == NODES

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from keras_distrib.launcher import control
+from keras_distrib.launcher.messages import Hello, PeerGone, PeerJoined, PeerSilent
 
 pytestmark = pytest.mark.unit
 SECRET = b"s3cret"
@@ -47,7 +48,7 @@ class Job:
         for t in threads:
             t.join()
         self.inbox: queue.SimpleQueue[tuple[int, object]] = queue.SimpleQueue()
-        self.server.listen(lambda agent, message: self.inbox.put((agent, message)))
+        self.server.listen(self.inbox.put)
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -58,11 +59,11 @@ class Job:
 def test_agents_form_and_messages_flow_both_ways() -> None:
     job = Job(3)
     try:
-        assert sorted(job.hellos) == [1, 2, 3] and job.hellos[2]["node"] == "n2"
+        assert sorted(job.hellos) == [1, 2, 3] and job.hellos[2].node == "n2"
         job.server.broadcast({"start": {"hosts": {"n1": "10.0.0.1"}}})
         assert all(c.receive() == {"start": {"hosts": {"n1": "10.0.0.1"}}} for c in job.clients.values())
         job.clients[2].send({"done": 2, "code": 0})
-        assert job.inbox.get(timeout=5) == (2, {"done": 2, "code": 0})
+        assert job.inbox.get(timeout=5) == control.Received(2, {"done": 2, "code": 0})
     finally:
         job.close()
 
@@ -128,7 +129,7 @@ def test_fuzzing_client_neither_stops_nor_stalls_the_job(monkeypatch: pytest.Mon
         # The job goes on meanwhile: messages both ways, promptly.
         for round_ in range(5):
             job.clients[1].send({"progress": round_})
-            assert job.inbox.get(timeout=5) == (1, {"progress": round_})
+            assert job.inbox.get(timeout=5) == control.Received(1, {"progress": round_})
             job.server.broadcast({"tick": round_})
             assert job.clients[2].receive() == {"tick": round_}
         for t in threads:
@@ -144,7 +145,7 @@ def test_fuzzing_client_neither_stops_nor_stalls_the_job(monkeypatch: pytest.Mon
                        "failed authentication", f"over {control.MAX_MESSAGE} bytes", "did not authenticate within 1 s"):
             assert reason in reasons
         job.clients[2].send({"done": 2, "code": 0})
-        assert job.inbox.get(timeout=5) == (2, {"done": 2, "code": 0})
+        assert job.inbox.get(timeout=5) == control.Received(2, {"done": 2, "code": 0})
         assert job.inbox.empty()
     finally:
         job.close()
@@ -197,8 +198,8 @@ def test_a_silent_agent_is_lost_within_the_heartbeat_timeout() -> None:
         frozen = job.clients[2]
         frozen._closed.set()  # no more heartbeats, socket left open, as a powered-off node
         started = time.monotonic()
-        agent, message = job.inbox.get(timeout=10)
-        assert agent == 2 and control.LOST in message
+        report = job.inbox.get(timeout=10)
+        assert isinstance(report, PeerSilent) and report.agent == 2
         assert time.monotonic() - started < 6
         # the live agent is not lost meanwhile
         time.sleep(1.5)
@@ -262,10 +263,10 @@ def test_an_agent_that_connects_again_is_delivered_as_joined_and_refused_while_s
             again.receive()
         again.close()
         job.clients.pop(2).close()
-        assert job.inbox.get(timeout=5) == (2, None)  # the first connection ended
+        assert job.inbox.get(timeout=5) == PeerGone(2)  # the first connection ended
         back = control.ControlClient("127.0.0.1", job.port, hello, 10, SECRET)
         job.clients[2] = back
-        assert job.inbox.get(timeout=5) == (2, {control.JOINED: hello})
+        assert job.inbox.get(timeout=5) == PeerJoined(2, Hello(2, "n2", None, "abc"))
         job.server.broadcast({"stop": 0})
         assert back.receive() == {"stop": 0}
     finally:

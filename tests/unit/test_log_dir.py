@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster_parsers import ClusterConfigError, JobInfo
-from keras_distrib.launcher.agent import job_log_dir
+from keras_distrib.launcher.launch import job_log_dir
 from keras_distrib.launcher.children import OutputFilter, spawn
 from keras_distrib.launcher.options import Options
 from keras_distrib.launcher.workers import log_file_name

@@ -266,7 +266,7 @@ def hung(h: Any, name: str, seconds: float = 120, state: str = "stopped") -> Non
 def test_a_stuck_ps_is_named_and_restarted_as_a_dead_one(lines: list[str]) -> None:
     h = harness(agent_id=0, max_restarts=2)
     hung(h, "ps:0")
-    assert h.processes.restarted == [["ps:0", "chief:0"]] and h.agent.restarts == 1
+    assert h.processes.restarted == [["ps:0", "chief:0"]] and h.agent.restarts.used == 1
     assert h.channel.to_all_sent == [Restart(("ps:0", "chief:0"))]
     assert ("ps:0 on n1 made no progress for 120 s (state: stopped); its Python stacks: /logs/ps-0.stacks.txt; "
             "restarting it and the chief's SCRIPT, which resumes from its last checkpoint (1/2)") in lines
@@ -287,9 +287,9 @@ def test_agent_0_restarts_all_reduce_workers_for_a_stuck_one_and_drops_stale_rep
     assert h.channel.to_all_sent == [Restart(("worker:0", "worker:1", "worker:2"))]
     # worker:2's agent saw its worker silent too and reported before the restart reached it
     h.agent.handle(FromPeer(2, Stuck("worker:2", "worker:2 on n3", "made no progress for 121 s (state: sleeping)", 0)))
-    assert h.agent.restarts == 1
+    assert h.agent.restarts.used == 1
     h.agent.handle(FromPeer(2, Stuck("worker:2", "worker:2 on n3", "made no progress for 130 s (state: stopped)", 1)))
-    assert h.agent.restarts == 2
+    assert h.agent.restarts.used == 2
 
 
 @pytest.mark.parametrize("max_restarts", [0, 1])
@@ -308,7 +308,7 @@ def test_a_report_on_a_replaced_child_is_no_news() -> None:
     old = h.processes.named("worker:0")
     h.exit("worker:0", -9)
     h.agent.handle(Hung(old, 120, "stopped", "x"))
-    assert h.agent.restarts == 1
+    assert h.agent.restarts.used == 1
 
 
 def test_stuck_keeps_its_wire_format() -> None:
@@ -337,12 +337,7 @@ class _Child:
 def guard_over(children: list[Any], plan: Any, tmp_path: Path) -> Any:
     from keras_distrib.launcher.watchdog import HangGuard
 
-    class Processes:
-        pass
-
-    processes = Processes()
-    processes.children = children  # type: ignore[attr-defined]
-    return HangGuard(lambda _e: None, processes, lambda: plan.processes, tmp_path, 20.0)
+    return HangGuard(lambda _e: None, lambda: children, lambda _proc: None, lambda: plan.processes, tmp_path, 20.0)
 
 
 @pytest.fixture()
