@@ -46,6 +46,16 @@ def steps_for(num_examples: int, batch_size: int) -> int:
     return max(1, math.ceil(num_examples / batch_size))
 
 
+def steps_for_shards(num_examples: int | None, num_shards: int, batch_size: int | None) -> list[int] | None:
+    """Batches of each shard in one epoch (``batch_size`` None: elements are batches)."""
+    if num_examples is None:
+        return None
+    sizes = shard_sizes(num_examples, num_shards)
+    if batch_size is None:
+        return sizes
+    return [math.ceil(s / batch_size) for s in sizes]
+
+
 def shard_rows(n: int, num_shards: int, *, epoch: int, shuffle: bool, seed: int | None) -> list[Any]:
     """Each shard's row numbers (rows ``j, j + k, ...``) in the order ``epoch`` trains them:
     a permutation drawn from (seed, epoch, shard) with ``shuffle``, else in order."""

@@ -404,7 +404,7 @@ class AllReduceTrainer(Trainer):
         counts = inp.counts
         if counts is not None:  # the epoch's steps are known: no step counts, none ends it
             steps = len(counts) if steps is None else min(steps, len(counts))
-        learning = inp.learns and steps is None
+        learning = inp.sizes.counting and steps is None
         seen: list[int] = []  # each step's examples, where the epoch teaches them (`EpochInput.learn`)
         by_hook = False
         while steps is None or totals.steps < steps:
@@ -434,10 +434,10 @@ class AllReduceTrainer(Trainer):
             inp.end_stream()  # stopped early: the stream is not at the next epoch's first batch
         if counts is not None and totals.steps == len(counts) and int(totals.count) != sum(counts):
             hint = ("HINT: keep the input's files unchanged during training (steps_per_epoch= avoids the known-size "
-                    "path)." if inp.learned else "HINT: this is a keras_distrib defect; please report it with the "
+                    "path)." if inp.sizes.learned else "HINT: this is a keras_distrib defect; please report it with the "
                     "input's type (steps_per_epoch= avoids the known-size path).")
             raise TrainerError(  # a source whose shard_sizes() (or counted size) do not match its shards
                 f"an epoch of {type(inp.source).__name__} was expected to hold {sum(counts)} examples over "
-                f"every worker and held {int(totals.count)}{' (as counted in an earlier epoch)' if inp.learned else ''}. "
+                f"every worker and held {int(totals.count)}{' (as counted in an earlier epoch)' if inp.sizes.learned else ''}. "
                 f"{hint}")
         return totals

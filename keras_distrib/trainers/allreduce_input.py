@@ -12,7 +12,6 @@ from typing import Any
 
 from .. import data as kd_data
 from ._common import FitStream, TrainerError, empty_like
-from .base import steps_for_shards
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +179,7 @@ class EpochInput:
             batch = _static_batch_size(self.sample)
             self.full_batch = (batch if repeat and batch and batch >= replicas and source.num_examples else None)
         else:
-            per_shard = steps_for_shards(source.num_examples, replicas, per_replica)
+            per_shard = kd_data.steps_for_shards(source.num_examples, replicas, per_replica)
             # Lockstep: the longest shard decides how many steps an epoch has.
             self.steps = None if per_shard is None else max(per_shard)
             self.full_batch = (per_replica * replicas if repeat and per_shard is not None and min(per_shard) > 0
@@ -202,10 +201,9 @@ class EpochInput:
         #: The shards' sizes are unknown before the first epoch but the same every epoch
         #: (files dealt to workers): the steps' counts of the first epoch that runs whole
         #: become ``counts`` (`learn`).
-        self.learns = (self.counts is None and not repeat and own_step is None and not source.batched
-                       and bool(per_replica) and pipelines == replicas
-                       and getattr(source, "same_shard_sizes_every_epoch", False))
-        self.learned = self._announce = False
+        self.sizes = kd_data.FirstEpochCount(counting=(
+            self.counts is None and own_step is None and not source.batched and bool(per_replica)
+            and pipelines == replicas and kd_data.counts_in_first_epoch(source, repeat)))
         self._method = own_step[1] if own_step is not None else ""
         self._sizes: list[list[int]] | None = None
         if own_step is not None:
@@ -225,11 +223,9 @@ class EpochInput:
         if self.repeat and self._persistent is not None:
             return self._persistent
         if self.counts is not None and last is not None:
-            if self._announce:
-                self._announce = False
-                logger.info("every epoch of this %s has %d steps, counted in the first: this one and the later "
-                            "ones run without counting each step's examples.", type(self.source).__name__,
-                            len(self.counts))
+            self.sizes.say_once(lambda: logger.info(
+                "every epoch of this %s has %d steps, counted in the first: this one and the later ones run "
+                "without counting each step's examples.", type(self.source).__name__, len(self.counts or ())))
             return self._stream.get(epoch, last)
         it = self._make(epoch)
         if self.repeat:
@@ -239,9 +235,8 @@ class EpochInput:
     def learn(self, counts: list[int]) -> None:
         """Take the examples of each step of an epoch that ran whole as every later epoch's:
         those run without a count per step, in one iterator (`iterator`)."""
-        if self.learns and counts:
-            self.counts, self.learns, self.learned = counts, False, True
-            self._announce = True  # when the counts are first used: Keras' progress bar has ended its line
+        if self.sizes.take(counts):
+            self.counts = counts
 
     def end_stream(self) -> None:
         """The epoch did not take all its batches: the next one starts a fresh iterator."""

@@ -17,7 +17,6 @@ batch of each shard may be short: up to one short batch per worker per epoch.
 from __future__ import annotations
 
 import logging
-import math
 import shutil
 import tempfile
 import time
@@ -527,14 +526,3 @@ def summary_line(stats: Sequence[dict[str, Any]], seconds: float, outcome: str, 
         where += (f", the newest at step {newest.step} ({where_in_training(newest)}): a rerun resumes there"
                   if newest is not None else ", none written yet: a rerun starts over")
     return f"fit {outcome}: {trained} in {seconds:.1f} s; {where}."
-
-
-def steps_for_shards(num_examples: int | None, num_shards: int, batch_size: int | None) -> list[int] | None:
-    """Batches of each shard in one epoch (``batch_size`` None: elements are batches)."""
-    if num_examples is None:
-        return None
-    sizes = kd_data.shard_sizes(num_examples, num_shards)
-    if batch_size is None:
-        return sizes
-    return [math.ceil(s / batch_size) for s in sizes]
-

@@ -655,7 +655,7 @@ def test_a_tf_data_stream_holds_the_batches_of_the_fixed_shards(strategy: Any, w
 
 
 def test_parts_in_a_graph_loop_keep_every_example_once(strategy: Any) -> None:
-    """A chunk whose steps are slow to trace runs them in a graph loop (here: every chunk):
+    """A chunk whose steps add too many operations runs them in a graph loop (here: every chunk):
     a part's batches are still found by their place in it, for arrays (rows gathered by
     step) and for a tf.data stream (runs fetched by the loop), with sizes that do not
     divide; every example once per epoch, none twice."""
@@ -668,7 +668,7 @@ def test_parts_in_a_graph_loop_keep_every_example_once(strategy: Any) -> None:
     from id_metrics import Count, IdSum
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(compiler, "UNROLL_TRACE_BUDGET_S", 0.0)
+        patch.setattr(compiler, "UNROLL_OPERATIONS_BUDGET", 0)
         for n, inputs in ((301, "arrays"), (301, "tf.data"), (97, "tf.data"), (97, "batched tf.data")):
             with strategy.scope():
                 model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])

@@ -5,7 +5,6 @@ worker's shard, in the mode the trainer is in), with the unrolling rules.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from .. import _private_apis as private
@@ -24,10 +23,12 @@ MAX_UNROLLED_STEPS = 32
 #: size grow with both, and for big models the loop's per-step cost matters little.
 MAX_UNROLLED_VARIABLE_STEPS = 4000
 
-#: ...and only while the chunk's other steps would trace within this many seconds (at the
-#: first step's trace time): a step that is slow to trace is a big step, which the loop's
-#: per-step cost hardly slows, while each unrolled copy also costs the worker's compile.
-UNROLL_TRACE_BUDGET_S = 5.0
+#: ...and only while the chunk's other steps add at most this many graph operations (the
+#: first step's count, times the steps left): a step of many operations is a big step,
+#: which the loop's per-step cost hardly slows, while each unrolled copy costs trace and
+#: compile time (about 0.3-1 ms per operation on CPU: docs/performance.md). Counted, not
+#: timed, so the graph that runs is the same on every machine.
+UNROLL_OPERATIONS_BUDGET = 10_000
 
 
 def make_chunk_fn(trainer: Any, training: bool) -> Any:
@@ -315,15 +316,18 @@ def guarded(has_value: Any, run: Any, skip: Any) -> Any:
 
 def first_step_then_decide(first_step: Any, num_steps: int, unroll: bool) -> tuple[Any, bool]:
     """(carry after the first step, whether to unroll the other ``num_steps - 1``):
-    unrolled only while they would trace within `UNROLL_TRACE_BUDGET_S`, judged by
-    the first step's own trace time."""
-    started = time.perf_counter()
+    unrolled only while they add at most `UNROLL_OPERATIONS_BUDGET` graph operations, at
+    the first step's own count."""
+    import tensorflow as tf
+
+    graph = tf.compat.v1.get_default_graph()  # the tf.function's graph being traced
+    before = len(graph.get_operations())
     carry = first_step()
-    seconds = time.perf_counter() - started
+    operations = len(graph.get_operations()) - before
     # One step has no rest: nothing to unroll, and no loop (it would trace the step again).
     unroll_rest = isinstance(num_steps, int) and (
-        num_steps <= 1 or (unroll and seconds * (num_steps - 1) <= UNROLL_TRACE_BUDGET_S))
-    logger.debug("one step traced in %.3f s: the other %d of the chunk %s", seconds, num_steps - 1,
+        num_steps <= 1 or (unroll and operations * (num_steps - 1) <= UNROLL_OPERATIONS_BUDGET))
+    logger.debug("one step traced to %d operations: the other %d of the chunk %s", operations, num_steps - 1,
                  "unrolled" if unroll_rest else "in a graph loop")
     return carry, unroll_rest
 

@@ -13,7 +13,6 @@ from typing import Any, Callable, Iterator, Protocol
 from ... import data as kd_data
 from .. import _private_apis as private
 from .._common import FitStream, TrainerError, empty_like
-from ..base import steps_for_shards
 from .readers import EPOCH_RUNS, PAST_THE_END, with_countdown, without_autotune
 
 logger = logging.getLogger(__name__)
@@ -139,12 +138,11 @@ class PerWorkerInput:
         python = kd_data.dataset_runs_python(self.sample)
         # Files are dealt whole: num_examples dealt by example is not their shards' sizes,
         # and an epoch ends where every worker's files end (as in all-reduce).
-        whole_files = getattr(source, "same_shard_sizes_every_epoch", False) and not repeat
+        whole_files = kd_data.counts_in_first_epoch(source, repeat)
         #: The shards' sizes are unknown to tf.data but the same every epoch (files dealt
-        #: to workers): the first epoch that runs whole counts them (`learn`).
-        self.learns = countdown and whole_files and not self.counted and not python
-        self.learned = self._announce = False
-        per_shard = steps_for_shards(source.num_examples, k, None if source.batched else batch_size)
+        #: to workers): the first epoch that runs whole counts each shard's batches (`learn`).
+        self.sizes = kd_data.FirstEpochCount(counting=countdown and whole_files and not self.counted and not python)
+        per_shard = kd_data.steps_for_shards(source.num_examples, k, None if source.batched else batch_size)
         known = source.shard_sizes(k) if self.counted and not python else None
         #: Batches of each shard in every epoch, where they are sure (sizes the source
         #: states, or counted: `learn`): the chief then sends the closures that every shard
@@ -201,15 +199,20 @@ class PerWorkerInput:
         """Take the batches each shard held in an epoch that ran whole as every later
         epoch's, if every shard holds at least ``least`` (else closures could hardly ever be
         sure, and their own trace would cost more than they save)."""
-        if not self.learns or any(n != 1 for n in self.made):
+        if not self.sizes.counting or any(n != 1 for n in self.made):
             return
-        self.learns = False
         sizes = [steps_per_shard.get(i, 0) for i in range(self.num_shards)]
         self.steps = sum(sizes)  # the later epochs' progress bars show it, not the estimate
         if min(sizes) < least:
             logger.debug("shards of %s batches: each step keeps its guard", sizes)
+            self.sizes.give_up()
             return
-        self.learned, self._announce, self.per_shard, self.sure_steps = True, True, sizes, sizes
+        self.sizes.take(sizes)
+        self.per_shard = self.sure_steps = sizes
+
+    @property
+    def learned(self) -> bool:
+        return self.sizes.learned
 
     def epoch_iterator(self, epoch: int, last_epoch: int | None) -> Any:
         return self.iterator(epoch)
@@ -232,11 +235,10 @@ class PerWorkerInput:
         return [Closure(k, endless=sure, counted=self.counted) for sure in (True, False)]
 
     def learn_epoch(self, steps_per_shard: dict[int, int], least: int) -> None:
-        if self.learns:
-            self.learn(steps_per_shard, least)
+        self.learn(steps_per_shard, least)
 
     def check_held(self, held: list[int]) -> None:
-        if self.learned and all(n == 1 for n in self.made) and held != self.sure_steps:
+        if self.sizes.learned and all(n == 1 for n in self.made) and held != self.sure_steps:
             raise files_changed(self, f"this epoch's held {held}")
 
     def iterator(self, epoch: int) -> Any:
@@ -245,11 +247,9 @@ class PerWorkerInput:
 
         if self.repeat and self._persistent is not None:
             return self._persistent
-        if self._announce:  # when first used: Keras' progress bar has ended its line
-            self._announce = False
-            logger.info("the shards of this %s hold %s batches every epoch, counted in the first: this epoch "
-                        "and the later ones run without a guard up to each shard's last few steps.",
-                        type(self.source).__name__, self.sure_steps)
+        self.sizes.say_once(lambda: logger.info(
+            "the shards of this %s hold %s batches every epoch, counted in the first: this epoch and the later "
+            "ones run without a guard up to each shard's last few steps.", type(self.source).__name__, self.sure_steps))
         made = self.made = [0] * self.num_shards
         if self.kept and self._shards is None:
             self._shards = private.per_worker_values(self.coordinator, self._shard_fns)
@@ -298,7 +298,7 @@ class DynamicInput(PartsHandOut):
                                                          ).batch(batch_size)  # for the chief's metrics
         #: Examples, and steps of one epoch (each shard's last batch may be short).
         self.expected = source.num_examples
-        self.shard_steps = steps_for_shards(self.expected, self.num_shards, batch_size)
+        self.shard_steps = kd_data.steps_for_shards(self.expected, self.num_shards, batch_size)
         self.steps = sum(self.shard_steps)
 
     @staticmethod
@@ -401,7 +401,7 @@ class DynamicDatasetInput(PartsHandOut):
         self._epoch = 0  # the epoch a recovered worker's fresh stream starts at
         self.expected = source.num_examples
         #: Steps of one epoch: the batches of every shard (each shard's last one may be short).
-        self.steps = sum(steps_for_shards(source.num_examples, k, None if source.batched else batch_size))
+        self.steps = sum(kd_data.steps_for_shards(source.num_examples, k, None if source.batched else batch_size))
 
     @staticmethod
     def takes(source: Any) -> bool:
