@@ -73,7 +73,7 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
             cached.steps_per_execution = int(steps_per_execution)
             cached.reset_functions()
         if kind == "ps":
-            from .ps.trainer import requested_mode
+            from .ps.modes import requested_mode
 
             cached.mode = requested_mode(cached.mode, ps_stale_reads, ps_local_steps)
         return cached

@@ -304,15 +304,16 @@ def test_stale_reads_option_keeps_exact_epochs_steps_and_layer_state(strategy: A
     """``ps_stale_reads=True`` (opt-in: one variable read per closure) keeps what
     `fit_stateful` checks; passing False again goes back to the default (re-traced) path."""
     import keras_distrib
+    from keras_distrib.trainers.ps.modes import PsMode
 
     x_train, _, y_train, _ = digits
     # Its K gradients per closure are all taken at one read: how stale they are depends on the
     # machine's load (test accuracy 0.71 once beside the hang tests, above 0.85 when quieter).
     model, trainer, steps = fit_stateful(strategy, digits, min_accuracy=0.6, ps_stale_reads=True)
-    assert trainer.stale_reads
+    assert trainer.mode is PsMode.STALE_READS
     keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy,
                       ps_stale_reads=False)
-    assert not trainer.stale_reads and int(trainer.global_step.numpy()) == 4 * steps
+    assert trainer.mode is PsMode.DEFAULT and int(trainer.global_step.numpy()) == 4 * steps
 
 
 def test_local_steps_option_keeps_exact_epochs_steps_and_layer_state(strategy: Any, digits: Any) -> None:
@@ -320,17 +321,18 @@ def test_local_steps_option_keeps_exact_epochs_steps_and_layer_state(strategy: A
     `fit_stateful` checks and writes Adam's moments to the ps; switching to stale reads and
     back works."""
     import keras_distrib
+    from keras_distrib.trainers.ps.modes import PsMode
 
     x_train, _, y_train, _ = digits
     model, trainer, steps = fit_stateful(strategy, digits, ps_local_steps=True)
-    assert trainer.local_steps and not trainer.stale_reads
+    assert trainer.mode is PsMode.LOCAL_STEPS
     assert max(float(np.abs(np.asarray(v)).max()) for v in model.optimizer.variables[2:]) > 0  # moments moved
     keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy,
                       ps_local_steps=False, ps_stale_reads=True)
-    assert trainer.stale_reads and not trainer.local_steps
+    assert trainer.mode is PsMode.STALE_READS
     keras_distrib.fit(model, (x_train, y_train), epochs=1, batch_size=32, verbose=0, strategy=strategy,
                       ps_local_steps=True, ps_stale_reads=False)
-    assert trainer.local_steps and int(trainer.global_step.numpy()) == 5 * steps
+    assert trainer.mode is PsMode.LOCAL_STEPS and int(trainer.global_step.numpy()) == 5 * steps
 
 
 def test_long_chunks_run_as_a_graph_loop(strategy: Any, digits: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from keras_distrib.trainers._common import TrainerError
-from keras_distrib.trainers.ps.trainer import PsMode, requested_mode
+from keras_distrib.trainers.ps.modes import PsMode, requested_mode
 
 pytestmark = pytest.mark.unit
 

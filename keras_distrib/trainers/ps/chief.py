@@ -1,5 +1,6 @@
-"""The chief's closure queue for one epoch (`EpochRun`): what it schedules, how it folds the
-results in, and what a failure during the epoch means (recovery, decided in `EpochRun.end`).
+"""The chief's closure queue (`ClosureQueue`), shared by training and evaluation (`EpochRun`:
+what it schedules, how it folds the results in, and what a failure during the epoch
+means, decided in `EpochRun.end`) and by predict (`PredictRun`).
 
 Nothing here imports TensorFlow at import time.
 """
@@ -19,7 +20,37 @@ from .handout import HandOut, files_changed, shards_can_fill, sizes_kept
 logger = logging.getLogger(__name__)
 
 
-class EpochRun:
+class ClosureQueue:
+    """Closures in flight on the workers: scheduled while the run wants more (its window
+    allows, it is not complete), folded oldest first, until none is left in flight."""
+
+    pending: deque
+
+    def wants_more(self) -> bool:
+        """Whether to schedule another closure now."""
+        raise NotImplementedError
+
+    def schedule_next(self) -> None:
+        raise NotImplementedError
+
+    def fold_oldest(self) -> None:
+        """Fold the oldest closure's result in (it waits for it)."""
+        raise NotImplementedError
+
+    def after_fold(self) -> None:
+        """What follows each fold (a stop, a checkpoint): nothing by default."""
+
+    def drain(self) -> None:
+        while True:
+            while self.wants_more():
+                self.schedule_next()
+            if not self.pending:
+                return
+            self.fold_oldest()
+            self.after_fold()
+
+
+class EpochRun(ClosureQueue):
     """One epoch (or ``steps`` of it) of ``inp`` on ``trainer``'s workers: closures of K steps
     scheduled until the epoch is complete, their results folded in order into `totals`."""
 
@@ -73,15 +104,12 @@ class EpochRun:
             for closure in inp.sure_kinds(self.k):
                 self.schedule.trace(*closure.args())
         with sizes_kept(inp, trainer.coordinator):
-            while True:
-                while (not self.stopped and not self.complete()
-                       and len(self.pending) < trainer._window(self.per_shard, self.done)):
-                    self.schedule_next()
-                if not self.pending:
-                    break
-                self.fold_oldest()
-                self.after_fold()
+            self.drain()
         return self.end()
+
+    def wants_more(self) -> bool:
+        return (not self.stopped and not self.complete()
+                and len(self.pending) < self.trainer._window(self.per_shard, self.done))
 
     def complete(self) -> bool:
         if self.steps is not None:
@@ -192,3 +220,40 @@ class EpochRun:
         if self.sure_steps is not None and whole and not failed_over:
             inp.check_held([self.done.get(i, 0) for i in range(workers)])
         return self.totals
+
+
+class PredictRun(ClosureQueue):
+    """Predict: closures of K batches over every worker's shard until every row is predicted;
+    the chief keeps every result (``parts``: keys and predictions)."""
+
+    def __init__(self, trainer: Any, inp: HandOut, schedule: Any, k: int, progress: Any) -> None:
+        self.trainer, self.inp, self.schedule, self.k, self.progress = trainer, inp, schedule, k, progress
+        self.parts: list[tuple[Any, Any]] = []
+        self.pending = deque()
+        self.exhausted: set[int] = set()
+        self.rows = self.batches = 0
+        self.done: dict[int, int] = {}  # batches predicted per shard (see `_window`)
+
+    def complete(self) -> bool:
+        if len(self.exhausted) == self.trainer.num_workers:
+            return True
+        counted = self.batches if self.inp.source.batched else self.rows
+        return self.inp.expected is not None and counted >= self.inp.expected
+
+    def wants_more(self) -> bool:
+        return not self.complete() and len(self.pending) < self.trainer._window(self.inp.per_shard, self.done, self.k)
+
+    def schedule_next(self) -> None:
+        self.pending.append(self.schedule(self.k))
+
+    def fold_oldest(self) -> None:
+        out = self.pending.popleft().fetch()
+        shard = int(out["shard"])
+        if out["exhausted"]:
+            self.exhausted.add(shard)
+        self.done[shard] = self.done.get(shard, 0) + int(out["batches"])
+        if out["batches"]:
+            self.parts.append((out["keys"], out["preds"]))
+            self.rows += len(out["keys"])
+            self.batches += int(out["batches"])
+            self.progress(self.batches)

@@ -10,8 +10,9 @@ from typing import Any
 from .. import _private_apis as private
 from .. import packing
 from .. import steps as step_contract
-from ..metrics import batch_size_of, pack_totals, step_totals, unpack, zeros_totals
+from ..metrics import pack_totals, zeros_totals
 from .readers import Batches, Gathered, skip_to
+from .step_kinds import step_kind
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +41,10 @@ def make_chunk_fn(trainer: Any, training: bool) -> Any:
 class ChunkCompiler:
     """The steps of one closure of ``trainer`` (``training``: train steps, else test steps).
 
-    A step kind advances a carry ``(totals, exhausted, extra)`` by one batch: `one_step`
-    (the default step, or the model's own ``train_step``/``test_step``), `one_stale_step`
-    and `one_local_step` (the opt-in modes). The loops (`steps`, `counted_steps`,
-    `sure_steps`, `loop`) run a kind K times over the closure's batches, unrolled or in a
-    graph loop; `run_chunk` is the function the chief schedules.
+    It is handed one step kind (step_kinds.py, picked once from the trainer's mode and the
+    model), which advances a carry ``(totals, exhausted, extra)`` by one batch. The loops
+    (`steps`, `counted_steps`, `sure_steps`, `loop`) run it K times over the closure's
+    batches, unrolled or in a graph loop; `run_chunk` is the function the chief schedules.
     """
 
     def __init__(self, trainer: Any, training: bool) -> None:
@@ -71,78 +71,10 @@ class ChunkCompiler:
                 private.make_increments_atomic(variable)
         self.opt_floats = trainer._opt_floats
         self.opt_groups = packing.pack_groups(self.opt_floats)
-        self.view = private.stateless_optimizer(self.opt, self.variables) if training and trainer.local_steps else None
+        self.kind = step_kind(self)  # chosen once: the function's traces all run this kind
 
     def compiled(self) -> Any:
         return step_contract.compiled(self.run_chunk)
-
-    # ------------------------------------------------------------ step kinds
-
-    def one_local_step(self, iterator: Any, carry: tuple[dict[str, Any], Any, tuple[Any, ...]], endless: bool) -> Any:
-        # The cond's branches touch only the worker: no ps round trip per step.
-        import tensorflow as tf
-
-        totals, exhausted, local = carry
-        has_value, batch = next_input(iterator, endless)
-
-        def run() -> tuple[Any, ...]:
-            loss, n, state, finite, new_local = self.strategy.run(
-                self.trainer.local_train_step, args=(batch(), totals["state"], local, self.view))
-            return step_totals(totals, loss, n, state, finite), exhausted, new_local
-
-        return guarded(has_value, run, lambda: (totals, tf.constant(True), local))
-
-    def one_stale_step(self, iterator: Any, carry: tuple[dict[str, Any], Any, list[Any]], values: list[Any],
-                       endless: bool) -> Any:
-        # Two conds on purpose: the first (compute, on the worker) touches no variable,
-        # so the next step's compute does not wait for this step's update on the ps.
-        import tensorflow as tf
-
-        trainer, strategy = self.trainer, self.strategy
-        totals, exhausted, held = carry
-        has_value, batch = next_input(iterator, endless)
-
-        def run() -> tuple[Any, ...]:
-            loss, n, state, finite, grads, new_held = strategy.run(
-                trainer.stale_train_step, args=(batch(), totals["state"], values, held))
-            return step_totals(totals, loss, n, state, finite), exhausted, grads, new_held
-
-        def skip() -> tuple[Any, ...]:
-            return totals, tf.constant(True), [tf.zeros_like(v) for v in values], held
-
-        totals, exhausted, grads, new_held = guarded(has_value, run, skip)
-        guarded(has_value, lambda: strategy.run(trainer.apply_stale, args=(grads, held, new_held)),
-                lambda: tf.constant(False))
-        return totals, exhausted, new_held
-
-    def one_step(self, iterator: Any, carry: tuple[dict[str, Any], Any, Any], endless: bool) -> tuple[Any, Any, Any]:
-        import tensorflow as tf
-
-        totals, exhausted, logs = carry  # logs: what the model's own step returned last
-        has_value, batch = next_input(iterator, endless)
-        user_step = self.user_step
-
-        def run() -> tuple[Any, Any, Any]:
-            data = batch()
-            if user_step is not None:
-                out = user_step(data)
-                n = batch_size_of(unpack(data)[0])
-                return step_totals(totals, 0.0, n, totals["state"], step_contract.logs_finite(out)), exhausted, out
-            loss, n, state, finite = self.strategy.run(self.replica_step, args=(data, totals["state"]))
-            return step_totals(totals, loss, n, state, finite), exhausted, logs
-
-        return guarded(has_value, run, lambda: (totals, tf.constant(True), logs))
-
-    def first_logs(self, iterator: Any, counted: bool) -> Any:
-        # The value carried before the first step: zeros shaped like the step's logs
-        # (its trace, reused by every step; nothing runs here).
-        import tensorflow as tf
-
-        if self.user_step is None:
-            return ()
-        element = iterator.element_spec[1] if counted else iterator.element_spec
-        spec = tf.nest.map_structure(lambda s: tf.TensorSpec(s.shape, s.dtype), element)
-        return step_contract.output_zeros(self.user_step, spec)
 
     def finish(self, shard: Any, totals: dict[str, Any], exhausted: Any, logs: Any, updates: list[Any]) -> Any:
         import tensorflow as tf
@@ -155,7 +87,7 @@ class ChunkCompiler:
             with tf.control_dependencies([result, *updates]):
                 with tf.control_dependencies([self.step.assign_add(totals["steps"])]):
                     result = tf.identity(result)
-        return result if self.user_step is None else {"vector": result, "logs": logs}
+        return result if logs is None else {"vector": result, "logs": logs}
 
     # ------------------------------------------------------------ loops over a closure's batches
 
@@ -239,79 +171,17 @@ class ChunkCompiler:
             iterator, endless, counted = skip_to(*iterator, rows, per_run, stacked, offset), True, False
         elif rows is not None:
             iterator, endless, counted = Gathered(next(iterator), rows, batch_size), True, False
-        zeros = zeros_totals(self.metrics)
-        if self.training and self.trainer.local_steps:  # opt-in: docs/training.md
-            return self._local_chunk(iterator, shard, zeros, num_steps, endless, counted)
-        if self.training:
-            # Schedules and Adam's bias correction see the true step (up to the chunks in
-            # flight elsewhere); the chief makes iterations exact at every epoch end.
-            self.opt.iterations.assign(self._step_as_iterations())
-        if self.training and self.trainer.stale_reads:  # opt-in: one read per closure (docs/training.md)
-            totals, exhausted = self._stale_chunk(iterator, zeros, num_steps, endless, counted)
-            logs = ()
-        else:
-            unroll = isinstance(num_steps, int) and (
-                num_steps <= MAX_UNROLLED_STEPS and num_steps * len(self.variables) <= MAX_UNROLLED_VARIABLE_STEPS)
-            carry = (zeros, _false(), self.first_logs(iterator, counted))
-            totals, exhausted, logs = self.steps(iterator, carry, num_steps, endless, counted, self.one_step, unroll)
-        updates = [_identity(self.opt.iterations.value)] if self.training else []
+        steps = self.kind.begin(iterator, counted, zeros_totals(self.metrics))
+        unroll = isinstance(num_steps, int) and (
+            num_steps <= MAX_UNROLLED_STEPS and num_steps * len(self.variables) <= MAX_UNROLLED_VARIABLE_STEPS)
+        carry = self.steps(iterator, steps.carry, num_steps, endless, counted, steps.advance, unroll)
+        totals, exhausted, logs, updates = steps.end(carry)
         return self.finish(shard, totals, exhausted, logs, updates)
 
-    def _step_as_iterations(self) -> Any:
+    def step_as_iterations(self) -> Any:
         import tensorflow as tf
 
         return tf.cast(self.step.read_value(), self.opt.iterations.dtype)
-
-    def _local_chunk(self, iterator: Any, shard: Any, zeros: Any, num_steps: int, endless: bool,
-                     counted: bool) -> Any:
-        """Local steps: the closure's K steps on a local copy, the changes added to the ps once."""
-        variables, state_variables, opt_floats = self.variables, self.state_variables, self.opt_floats
-        start = (packing.read_packed(variables, self.groups), packing.read_packed(state_variables, self.state_groups),
-                 packing.read_packed(opt_floats, self.opt_groups), self._step_as_iterations())
-        totals, exhausted, end = self.steps(iterator, (zeros, _false(), start), num_steps, endless, counted,
-                                            self.one_local_step)
-        updates = (packing.add_packed(variables, self.groups, start[0], end[0])
-                   + packing.add_changes(state_variables, start[1], end[1])
-                   + packing.add_packed(opt_floats, self.opt_groups, start[2], end[2], 1.0 / self.trainer.num_workers))
-        return self.finish(shard, totals, exhausted, (), updates)
-
-    def _stale_chunk(self, iterator: Any, zeros: Any, num_steps: int, endless: bool, counted: bool) -> tuple[Any, Any]:
-        """Stale reads: the weights read once, the K gradients computed at those values."""
-        values = packing.read_packed(self.variables, self.groups)
-        stale = (zeros, _false(), packing.read_packed(self.state_variables, self.state_groups))
-        totals, exhausted, _ = self.steps(iterator, stale, num_steps, endless, counted,
-                                          lambda it, c, endless: self.one_stale_step(it, c, values, endless))
-        return totals, exhausted
-
-
-def _false() -> Any:
-    import tensorflow as tf
-
-    return tf.constant(False)
-
-
-def _identity(value: Any) -> Any:
-    import tensorflow as tf
-
-    return tf.identity(value)
-
-
-def next_input(iterator: Any, endless: bool) -> tuple[Any, Any]:
-    """(has_value, batch getter); has_value None when the input cannot run out."""
-    if endless:
-        element = next(iterator)
-        return None, lambda: element
-    optional = iterator.get_next_as_optional()
-    return optional.has_value(), optional.get_value
-
-
-def guarded(has_value: Any, run: Any, skip: Any) -> Any:
-    """``run()`` where the input cannot run out (``has_value`` None), else a cond: a cond per
-    step costs (docs/performance.md), so an input that cannot run out (steps_per_epoch, no
-    empty shard) runs without."""
-    import tensorflow as tf
-
-    return run() if has_value is None else tf.cond(has_value, run, skip)
 
 
 def first_step_then_decide(first_step: Any, num_steps: int, unroll: bool) -> tuple[Any, bool]:

@@ -24,10 +24,8 @@ Contracts (the decisions behind them, with their measurements: docs/performance.
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
-from collections import deque
 from typing import Any, Callable
 
 from .. import _private_apis as private
@@ -38,41 +36,13 @@ from ..base import ChunkHooks, Trainer
 from ..metrics import Totals, all_finite, batch_size_of, unpack
 from ..lookups import warn_tables_on_the_chief
 from ..placement import placement_scope
-from .chief import EpochRun
+from .chief import EpochRun, PredictRun
 from .compiler import MAX_UNROLLED_STEPS, make_chunk_fn
 from .handout import DynamicDatasetInput, DynamicInput, HandOut, PerWorkerInput
+from .modes import PsMode, requested_mode
 
 logger = logging.getLogger(__name__)
 
-
-_BOTH_MODES = ("ps_stale_reads and ps_local_steps cannot both be on. HINT: choose one of them "
-               "(or neither, the default).")
-
-
-class PsMode(enum.Enum):
-    """How a closure's K steps use the parameter servers."""
-
-    #: Every step reads the variables and applies its update on the ps.
-    DEFAULT = "default"
-    #: Opt-in (changes the training semantics): each closure reads the variables once and
-    #: computes all its K gradients at those values.
-    STALE_READS = "stale_reads"
-    #: Opt-in (changes the training semantics): each closure runs its K steps on a local
-    #: copy of the weights and optimizer state, then adds the change to the ps once.
-    LOCAL_STEPS = "local_steps"
-
-
-def requested_mode(current: PsMode, stale_reads: bool | None, local_steps: bool | None) -> PsMode:
-    """The mode ``keras_distrib.fit(ps_stale_reads=, ps_local_steps=)`` asks for, from
-    ``current``: True turns a mode on, False turns it off, None leaves it. One mode at a time:
-    turning one on while the other stays on is refused (one line, HINT)."""
-    want = {PsMode.STALE_READS: stale_reads, PsMode.LOCAL_STEPS: local_steps}
-    on = [mode for mode, value in want.items() if value]
-    if len(on) == 2 or (on and current not in (PsMode.DEFAULT, on[0]) and want[current] is not False):
-        raise TrainerError(_BOTH_MODES)
-    if on:
-        return on[0]
-    return PsMode.DEFAULT if current is not PsMode.DEFAULT and want[current] is False else current
 
 class ParameterServerTrainer(Trainer):
     """Trains a compiled Keras 3 model asynchronously with a ParameterServerStrategy."""
@@ -126,14 +96,6 @@ class ParameterServerTrainer(Trainer):
         if mode is not self._mode:
             self._mode = mode
             self.reset_functions()
-
-    @property
-    def stale_reads(self) -> bool:
-        return self._mode is PsMode.STALE_READS
-
-    @property
-    def local_steps(self) -> bool:
-        return self._mode is PsMode.LOCAL_STEPS
 
     @property
     def global_step(self) -> Any:
@@ -377,34 +339,9 @@ class ParameterServerTrainer(Trainer):
             self._fns[key] = self._make_predict_fn(spec)
         fn = self._fns[key]
         schedule = self._scheduler(fn, inp.iterator(0))
-        k = min(self.steps_per_execution, MAX_UNROLLED_STEPS)
-        parts: list[tuple[Any, Any]] = []
-        pending: deque = deque()
-        exhausted: set[int] = set()
-        rows = batches = 0
-        done: dict[int, int] = {}  # batches predicted per shard (see `_window`)
-
-        def complete() -> bool:
-            if len(exhausted) == self.num_workers:
-                return True
-            counted = batches if source.batched else rows
-            return inp.expected is not None and counted >= inp.expected
-
-        while True:
-            while not complete() and len(pending) < self._window(inp.per_shard, done, k):
-                pending.append(schedule(k))
-            if not pending:
-                break
-            out = pending.popleft().fetch()
-            if out["exhausted"]:
-                exhausted.add(int(out["shard"]))
-            done[int(out["shard"])] = done.get(int(out["shard"]), 0) + int(out["batches"])
-            if out["batches"]:
-                parts.append((out["keys"], out["preds"]))
-                rows += len(out["keys"])
-                batches += int(out["batches"])
-                progress(batches)
-        return parts  # closures still in flight at completion were folded too (empty or duplicates)
+        run = PredictRun(self, inp, schedule, min(self.steps_per_execution, MAX_UNROLLED_STEPS), progress)
+        run.drain()
+        return run.parts  # closures still in flight at completion were folded too (empty or duplicates)
 
     def _after_train_epoch(self) -> None:
         self.coordinator.join()
