@@ -122,6 +122,19 @@ def server_runtime() -> tuple[Any, Any, Any]:
     return server_lib.Server, server_lib.ClusterSpec, config.list_physical_devices
 
 
+def is_cuda_build() -> bool:
+    """Whether the installed TensorFlow was built with CUDA, without the whole ``import
+    tensorflow`` (a server imports only its runtime, `server_runtime`).
+
+    Upstream: ``tf.test.is_built_with_cuda()`` is public, but ``tf.test`` exists only once
+    ``tensorflow/__init__.py`` ran; the same fact is ``is_cuda_build`` in
+    ``tensorflow.python.platform.build_info`` (checked with TF 2.21).
+    """
+    from tensorflow.python.platform import build_info
+
+    return bool(build_info.build_info.get("is_cuda_build"))
+
+
 def _bare_import_is_enough(spec: Any) -> bool:
     """No plugin or filesystem that ``tensorflow/__init__.py`` (found at ``spec``) would load,
     and the release this was checked against (see `server_runtime`)."""

@@ -38,6 +38,7 @@ CHECKPOINT_EVERY_VAR = "KERAS_DISTRIB_CHECKPOINT_EVERY"
 KD_LOG_LEVEL_VAR = "KERAS_DISTRIB_LOG_LEVEL"
 TF_CONFIG_VAR = "TF_CONFIG"
 CUDA_DEVICES_VAR = "CUDA_VISIBLE_DEVICES"
+REQUIRE_GPUS_VAR = "KERAS_DISTRIB_REQUIRE_GPUS"
 UNBUFFERED_VAR = "PYTHONUNBUFFERED"
 LOG_LEVEL_VAR = "TF_CPP_MIN_LOG_LEVEL"
 INTEROP_THREADS_VAR = "TF_NUM_INTEROP_THREADS"
@@ -87,6 +88,8 @@ VARIABLES: dict[str, str] = {
                        "every address would make each variable, and the plan, grow with the job.",
     JAX_NUM_PROCESSES_VAR: "jax layouts: the number of processes.",
     JAX_PROCESS_ID_VAR: "jax layouts: this process's index.",
+    REQUIRE_GPUS_VAR: "`1` with `--require-gpus`: a process the plan gives GPUs exits with code 2 when its "
+                      "framework sees fewer (else it warns in one line).",
     GPU_GROWTH_VAR: "jax layouts: `true`; TensorFlow (for tf.data) would otherwise reserve most of every "
                     "visible GPU's memory.",
     JAX_PREEMPTION_VAR: "jax layouts: `false`. JAX's preemption service catches SIGTERM and waits for the "
@@ -111,6 +114,10 @@ PROGRESS_FILE_PREFIX = "progress-"
 # Resilience: the script's exit code after a checkpoint taken on SIGUSR1/SIGTERM (EX_TEMPFAIL:
 # "try again later"), which the agent turns into a requeue.
 PREEMPTED_EXIT_CODE = 75
+#: A child that stops because its setup is wrong (say, --require-gpus and no GPU seen) exits
+#: with this code, after its one-line error: the agent fails the job with it at once, since
+#: restarting the process cannot help.
+SETUP_EXIT_CODE = 2
 
 
 def write_plan_file(plan_json: str, directory: str | None = None) -> Path:
@@ -169,6 +176,7 @@ def child_env(
     interface: str | None = None,
     cluster_json: str | None = None,
     cpus: int | None = None,
+    require_gpus: bool = False,
 ) -> dict[str, str]:
     """The whole environment of one child: ``base`` (the agent's) plus the ``VARIABLES``.
 
@@ -206,6 +214,8 @@ def child_env(
         env.setdefault(INTEROP_THREADS_VAR, str(MIN_INTEROP_THREADS))
     if checkpoint_every is not None:
         env[CHECKPOINT_EVERY_VAR] = str(checkpoint_every)
+    if require_gpus:
+        env[REQUIRE_GPUS_VAR] = "1"
     if interface and plan.layout == "allreduce":
         env.setdefault(NCCL_IFNAME_VAR, interface)
     env.update(jax_variables(plan, proc))

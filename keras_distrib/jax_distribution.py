@@ -23,7 +23,7 @@ import tempfile
 import threading
 from typing import Any
 
-from . import _private_apis, contract
+from . import _private_apis, contract, gpus
 from .logs import configure_script
 from .network import is_ip_address
 from .plan import JAX_LAYOUTS, Process
@@ -73,6 +73,7 @@ def distribution() -> Any:
         cluster_detection_method="deactivate",
         initialization_timeout=int(max(300.0, startup_timeout + JAX_TIMEOUT_MARGIN)),
     )
+    gpus.check_jax_gpus(env)  # after initialize: listing devices first would start JAX's backends
     _private_apis.agree_on_random_seed()
     dist = _even_data_parallel_class()(devices=keras.distribution.list_devices())
     keras.distribution.set_distribution(dist)

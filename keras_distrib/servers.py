@@ -14,6 +14,7 @@ import time
 
 from . import contract
 from ._private_apis import server_runtime
+from .gpus import check_planned_gpus, tensorflow_built_with_cuda
 from .logs import configure_script
 
 # Named, not __name__: run as `python -m`, __name__ is "__main__", outside our logger tree.
@@ -57,6 +58,8 @@ def main() -> None:
     server_class, cluster_spec, list_physical_devices = server_runtime()
     server = server_class(cluster_spec(cluster), job_name=job, task_index=index, protocol=protocol, start=True)
     gpus = [d.name for d in list_physical_devices("GPU")]
+    # The whole tensorflow module is imported only when GPUs are missing (to tell why).
+    check_planned_gpus("TensorFlow", lambda: len(gpus), tensorflow_built_with_cuda, os.environ)
     address = cluster[job][index]
     logger.info(f"serving {job}:{index} at {address} over {protocol}; GPUs visible: {gpus or 'none'}")
     # Not server.join() (nor signal.pause()): the kernel may hand SIGTERM to one of

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import contract, progress
+from . import contract, gpus, progress
 from .logs import configure_script
 from .plan import CHIEF, JAX_LAYOUTS, PS, WORKER, Plan, Process
 
@@ -113,6 +113,7 @@ def strategy() -> Any:
         )
     import tensorflow as tf
 
+    gpus.check_tensorflow_gpus(os.environ)  # lists devices only: no op runs, MultiWorkerMirroredStrategy may follow
     spec = tf.train.ClusterSpec(info.plan.cluster_spec())
     if info.layout == "allreduce":
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(

@@ -45,7 +45,7 @@ from typing import Any
 from cluster_parsers import JobInfo, node_of_rank
 
 from .. import progress
-from ..contract import PREEMPTED_EXIT_CODE
+from ..contract import PREEMPTED_EXIT_CODE, SETUP_EXIT_CODE
 from ..logs import ROOT as ROOT_LOGGER
 from ..logs import LineFormatter, NodeLogger
 from ..network import wait_reachable
@@ -133,7 +133,7 @@ class Agent(MembershipPolicy):
         self.processes: Processes = processes or LocalProcesses(
             lambda child, code: self.post(ChildExited(child, code)),
             ChildSettings(options.startup_timeout, options.verbose, options.checkpoint_every, options.interface,
-                          spec.log_dir),
+                          spec.log_dir, options.require_gpus),
         )
         self.timers: Timers = timers or ThreadTimers(self.post)
         self.scheduler = SchedulerCalls(environ, requeue, end_step)
@@ -388,6 +388,10 @@ class Agent(MembershipPolicy):
                 return
             self.channel.to_leader(Failed(f"{child.label} ended after the signal", shell_exit_code(code)))
             self._stop(shell_exit_code(-self.status.interrupted))
+            return
+        if not child.runs_script and code == SETUP_EXIT_CODE:  # its own error line said why
+            self.fail(f"{child.label} stopped with exit code {code}: its setup is wrong, as its line above says. "
+                      "HINT: fix what that line names; a restart would stop the same way", code)
             return
         # A script that died of the SIGUSR1 it was sent (no checkpoint_dir, no handler) stopped on request.
         if self._leader_decides() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1)):

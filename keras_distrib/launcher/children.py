@@ -67,6 +67,8 @@ _OWN_HINTED_ERROR = re.compile(rb"^keras_distrib\.[\w.]+: .*HINT:")
 TAIL_LINES = 30
 # A Python warning as the warnings module prints it: "path:line: SomeWarning: text".
 _PY_WARNING = re.compile(rb"^\S+:\d+: \w*Warning: ")
+# One of our own warning or error lines (a script's, or a server's bare one).
+_OWN_LINE = re.compile(rb"^(?:keras_distrib: )?(?:warning|error): ")
 
 
 @dataclass
@@ -75,7 +77,8 @@ class SharedErrors:
 
     Shared by the OutputFilters of one agent's children: several processes failing the same
     way (all-reduce workers, jax processes) show one traceback and a line for each other;
-    a warning every process repeats is shown once. Log files keep everything.
+    a warning (or one of our own error lines) every process repeats is shown once. Log
+    files keep everything.
     """
 
     first: dict[bytes, str] = field(default_factory=dict)
@@ -122,6 +125,9 @@ class OutputFilter:
         if self.shared is not None and not self._traceback and _PY_WARNING.match(line):
             if self.shared.shown_by(line, self.name) is not None:
                 self._hiding_warning = True
+                return []
+        if self.shared is not None and not self._traceback and (own := _OWN_LINE.match(line)):
+            if self.shared.shown_by(b"own: " + line[own.end():], self.name) is not None:
                 return []
         if self._traceback or line.startswith(_TRACEBACK_START):
             self._traceback.append(line)

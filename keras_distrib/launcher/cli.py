@@ -65,6 +65,9 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
                         "(default ./keras_distrib-logs: the job's working directory, beside Slurm's slurm-JOBID.out)")
     p.add_argument("--checkpoint-every", default=None, metavar="INTERVAL",
                    help="mid-epoch checkpoints of fit(checkpoint_dir=...): 500steps, 90s, 5min or epoch (default 120s)")
+    p.add_argument("--require-gpus", action="store_true", default=None,
+                   help="stop the job (exit 2) when a process the plan gives GPUs sees fewer (a TensorFlow without "
+                        "CUDA, no driver, a wrong CUDA_VISIBLE_DEVICES); default: one warning line, and it trains on the CPU")
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
@@ -92,7 +95,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout", "require_gpus")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 

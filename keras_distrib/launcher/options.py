@@ -49,6 +49,9 @@ class Options:
     # scheduled functions (a checkpoint save, an epoch end, a validation pass counts its
     # own steps), and a SCRIPT's limit also grows to 3x its longest gap seen.
     hang_timeout: float = 300.0
+    # A process the plan gives GPUs exits with code 2 when TensorFlow (or JAX) sees fewer,
+    # instead of warning and training on the CPU (keras_distrib/gpus.py).
+    require_gpus: bool = False
 
     @classmethod
     def keys(cls) -> list[str]:

@@ -41,6 +41,7 @@ class ChildSettings:
     checkpoint_every: str | None = None
     interface: str | None = None
     log_dir: Path | None = None  # every child's full output goes to LOG_DIR/JOB-INDEX.log
+    require_gpus: bool = False
 
 
 def log_file_name(proc: Process) -> str:
@@ -76,6 +77,7 @@ class LocalProcesses:
             env = contract.child_env(
                 self.environ, plan, launch.proc, self.plan_file, startup_timeout=self.settings.startup_timeout,
                 verbose=self.settings.verbose, checkpoint_every=self.settings.checkpoint_every,
+                require_gpus=self.settings.require_gpus,
                 interface=self.settings.interface, cluster_json=cluster_json,
             )
             self._started[launch.proc.name] = (launch, env)

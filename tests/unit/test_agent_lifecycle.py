@@ -212,6 +212,18 @@ def test_a_dead_worker_with_restarts_left_is_restarted_alone(lines: list[str]) -
     assert "worker:0 on n1 exited with signal 9 (SIGKILL); restarting it (1/2)" in lines
 
 
+@pytest.mark.parametrize("agent_id", [0, 1])
+def test_a_server_that_stops_on_its_setup_fails_the_job_without_restarts(agent_id: int, lines: list[str]) -> None:
+    """Exit code 2 (e.g. --require-gpus and no GPU seen): a restart would stop the same way."""
+    h = harness(agent_id=agent_id, max_restarts=3)
+    h.exit(f"worker:{agent_id}", 2)
+    assert h.processes.restarted == [] and h.state is State.STOPPED and h.agent.result.code == 2
+    assert any(f"worker:{agent_id} on n{agent_id + 1} stopped with exit code 2: its setup is wrong" in line
+               for line in lines)
+    if agent_id:
+        assert h.channel.to_leader_sent[-1] == Failed(h.agent.result.reason, 2)
+
+
 def test_a_dead_ps_restarts_the_chief_too() -> None:
     h = harness()
     h.agent.handle(FromPeer(1, Died("ps:1", "ps:1 on n2", -9)))

@@ -166,6 +166,22 @@ def test_a_warning_every_process_repeats_is_shown_once() -> None:
     assert shown(first, warning) == warning  # the same process repeating itself is its own business
 
 
+def test_our_own_warning_every_process_repeats_is_shown_once_per_agent() -> None:
+    """A script's line and a server's bare one with the same text count as one (our own
+    error lines too)."""
+    text = b"the scheduler gave this process 2 GPU(s) but TensorFlow sees 0: ...\n"
+    shared = SharedErrors()
+    server, script, other = (OutputFilter(name=n, shared=shared) for n in ("worker:0", "chief:0", "worker:1"))
+    assert shown(server, [b"warning: " + text]) == [b"warning: " + text]
+    assert shown(script, [b"keras_distrib: warning: " + text, b"Epoch 1/2\n"]) == [b"Epoch 1/2\n"]
+    assert shown(other, [b"warning: " + text]) == []
+    another = b"keras_distrib: warning: something else\n"
+    assert shown(other, [another]) == [another]
+    assert shown(OutputFilter(), [b"warning: " + text] * 2) == [b"warning: " + text] * 2  # no agent: all kept
+    assert shown(server, [b"error: " + text]) == [b"error: " + text]
+    assert shown(other, [b"error: " + text]) == []
+
+
 def test_quiet_child_shows_nothing_but_keeps_its_tail() -> None:
     output = OutputFilter(quiet=True)
     assert shown(output, [f"line {i}\n".encode() for i in range(100)]) == []
@@ -241,7 +257,8 @@ def every_child_env(tmp_path: Path) -> list[tuple[str, dict[str, str]]]:
                               node_gpus=(gpus,) * 3)
                 plan = build_plan(job, layout, hosts=hosts)
                 for proc in plan.processes:
-                    for extra in ({}, {"verbose": True, "checkpoint_every": "50steps", "interface": "ib0", "cpus": 1}):
+                    for extra in ({}, {"verbose": True, "checkpoint_every": "50steps", "interface": "ib0", "cpus": 1,
+                                   "require_gpus": True}):
                         env = contract.child_env({"PATH": "/bin"}, plan, proc, tmp_path / "plan.json",
                                                  startup_timeout=5.0, **extra)
                         cases.append((f"{layout} {proc.name} {extra}", env))

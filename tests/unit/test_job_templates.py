@@ -50,6 +50,7 @@ TEMPLATES = [
     Template("scripts/sbatch/ps-per-node.sbatch", "keras_distrib.slurm", "ps-per-node", "#SBATCH"),
     Template("scripts/sbatch/worker-per-gpu.sbatch", "keras_distrib.slurm", "worker-per-gpu", "#SBATCH"),
     Template("scripts/sbatch/allreduce.sbatch", "keras_distrib.slurm", "allreduce", "#SBATCH"),
+    Template("scripts/sbatch/jax.sbatch", "keras_distrib.slurm", "jax", "#SBATCH"),
     Template("scripts/sbatch/elastic.sbatch", "keras_distrib.slurm", '"$LAYOUT"', "#SBATCH"),
     Template("scripts/pbs/ps-per-node.pbs", "keras_distrib.pbs", "ps-per-node", "#PBS"),
     Template("scripts/sge/ps-per-node.sge", "keras_distrib.sge", "ps-per-node", "#$"),
