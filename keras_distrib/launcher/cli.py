@@ -62,7 +62,7 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
                    help="the first agent writes the job's exit code here (job scripts whose step it ends, e.g. elastic.sbatch)")
     p.add_argument("--log-dir", default=None, metavar="DIR",
                    help="every process's full output goes to DIR/SCHEDULER-JOBID/JOB-INDEX.log "
-                        "(default ./keras_distrib-logs: the job's working directory, beside Slurm's slurm-JOBID.out)")
+                        "(default ./keras_distrib-logs: the job's working directory, beside the job's output file, e.g. the templates' keras-distrib-JOBID.out)")
     p.add_argument("--checkpoint-every", default=None, metavar="INTERVAL",
                    help="mid-epoch checkpoints of fit(checkpoint_dir=...): 500steps, 90s, 5min or epoch (default 120s)")
     p.add_argument("--require-gpus", action="store_true", default=None,
@@ -103,6 +103,12 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
 def choose_parser(entry: str | None, options: Options, args: argparse.Namespace, environ: Mapping[str, str]) -> ClusterParser:
     """The parser named by the entry point, --scheduler, KERAS_DISTRIB_SCHEDULER or --config, else detected."""
     chosen = options.scheduler
+    forced = environ.get(FORCE_VAR)
+    if entry and chosen is None and forced and forced != entry:
+        raise ClusterConfigError(
+            f"{FORCE_VAR}={forced!r}, but python -m keras_distrib.{entry} reads {entry}'s variables.",
+            f"unset {FORCE_VAR}, or run python -m keras_distrib (which honours it).",
+        )
     if chosen is None:
         return get_parser(entry, environ) if entry else detect(environ)
     source = "--scheduler" if args.scheduler else f"scheduler in --config {args.config!r}"

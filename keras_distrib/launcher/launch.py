@@ -38,8 +38,9 @@ def isolate_local_job(node: str, wanted: bool) -> None:
                     "interface of this machine while it runs, reachable by anyone who can reach it.")
 
 
-#: Where every process's output goes by default: the job's working directory (beside Slurm's
-#: slurm-JOBID.out; the PBS/SGE/LSF templates start in the submit directory).
+#: Where every process's output goes by default: the job's working directory (beside the job's
+#: output file, the Slurm templates' keras-distrib-JOBID.out; the PBS/SGE/LSF templates start
+#: in the submit directory).
 DEFAULT_LOG_DIR = "keras_distrib-logs"
 
 

@@ -159,6 +159,8 @@ BAD_INPUT = [
     ("config-scheduler-contradicts-entry", "keras_distrib.slurm", STEP, ["--config", "{tmp}/pbs.yaml"],
      ["'pbs'", "keras_distrib.slurm", "--scheduler pbs"]),
     ("flag-scheduler-contradicts-entry", "keras_distrib.slurm", STEP, ["--scheduler", "sge"], ["--scheduler is 'sge'"]),
+    ("env-scheduler-contradicts-entry", "keras_distrib.slurm", {**STEP, "KERAS_DISTRIB_SCHEDULER": "pbs"}, [],
+     ["KERAS_DISTRIB_SCHEDULER='pbs'", "keras_distrib.slurm", "unset KERAS_DISTRIB_SCHEDULER"]),
     ("config-scheduler-in-local", "keras_distrib.local", {}, ["--config", "{tmp}/pbs.yaml"], ["does nothing", "keras_distrib.local"]),
     ("min-nodes-above-nodes", "keras_distrib.slurm", STEP, ["--min-nodes", "9"], ["min-nodes=9", "--min-nodes"]),
     ("config-min-nodes-zero", "keras_distrib.slurm", STEP, ["--config", "{tmp}/min0.yaml"], ["min-nodes=0", ">= 1"]),

@@ -341,3 +341,19 @@ def test_search_finds_a_real_error_message(browser: Chromium, served: str, tmp_p
     # The hit is the error's own section on the troubleshooting page, titled by the message.
     assert any("/troubleshooting/" in href and "has unknown key {key}" in text for href, text in hits), (query, hits)
     assert_rendered(browser.screenshot(session), "search", tmp_path)
+
+
+def test_every_variable_the_code_reads_is_documented() -> None:
+    """Each KERAS_DISTRIB_* name in the code is in the environment contract (what the agent
+    sets) or in the reference's table of variables a user sets."""
+    import re
+
+    from keras_distrib import contract
+
+    named = set()
+    for path in [*(REPO / "keras_distrib").rglob("*.py"), *(REPO / "cluster_parsers").rglob("*.py")]:
+        named |= set(re.findall(r"[\"'](KERAS_DISTRIB_[A-Z_]+)[\"']", path.read_text()))
+    table = (REPO / "docs" / "reference" / "cli.md").read_text().split("## Environment variables you can set", 1)[1]
+    user_set = set(re.findall(r"^\| `(KERAS_DISTRIB_[A-Z_]+)` \|", table, re.MULTILINE))
+    assert named - set(contract.VARIABLES) - user_set == set()
+    assert user_set <= named  # no row for a variable nothing reads
