@@ -52,7 +52,9 @@ def requeue(scheduler: str, environ: Mapping[str, str], enabled: bool, say: Call
             "from the checkpoint.")
         return PREEMPTED_EXIT_CODE
     if shutil.which(command[0]) is None:
-        say(f"cannot requeue: {command[0]!r} is not on PATH (inside a container?); resubmit the job to resume from the checkpoint.")
+        say(f"cannot requeue from here: {command[0]!r} is not on PATH (inside a container?); exiting with "
+            f"{PREEMPTED_EXIT_CODE}, for a job script outside to requeue (scripts/sbatch/apptainer.sbatch and "
+            "pyxis.sbatch do), or resubmit the job to resume from the checkpoint.")
         return PREEMPTED_EXIT_CODE
     argv = [*command, job]
     try:

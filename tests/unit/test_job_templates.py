@@ -82,7 +82,7 @@ def test_matches_golden_copy(template: Template) -> None:
 
 
 def test_every_golden_copy_has_a_template() -> None:
-    assert sorted(p.name for p in GOLDEN.iterdir()) == sorted(IDS)
+    assert sorted(p.name for p in GOLDEN.iterdir()) == sorted(IDS + [Path(t.path).name for t in CONTAINERS])
 
 
 @needs_bash
@@ -316,3 +316,59 @@ def test_sge_runs_one_agent_per_host(tmp_path: Path, rc: int) -> None:
         ["qrsh", "-inherit", "-V", host, python, "-m", "keras_distrib.sge", "--layout", "ps-per-node", "--requeue", "train.py", "--epochs", "3"]
         for host in ("n1", "n2", "n3")
     ]
+
+
+# -- container templates: the agents inside the image, the trap and the requeue outside ----------
+
+CONTAINERS = [Template(f"scripts/sbatch/{kind}.sbatch", "keras_distrib.slurm", '"$LAYOUT"', "#SBATCH")
+              for kind in ("apptainer", "pyxis")]
+# Stub srun whose agents saved a checkpoint and could not requeue (no scontrol inside): the
+# first agent wrote 75 to the exit-code file, and the step ended with it.
+SRUN_PREEMPTED_INSIDE = SRUN_ENDED_BY_THE_FIRST_AGENT.replace("exit 143", "exit 75")
+
+
+@pytest.mark.parametrize("template", CONTAINERS, ids=lambda t: Path(t.path).name)
+def test_container_template_matches_golden_copy(template: Template) -> None:
+    test_matches_golden_copy(template)
+
+
+@needs_bash
+@pytest.mark.parametrize("template", CONTAINERS, ids=lambda t: Path(t.path).name)
+def test_container_template_runs_the_agents_inside_the_image(template: Template, tmp_path: Path) -> None:
+    env = {"SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_ID": "42", "IMAGE": "/images/tf.sif", "LAYOUT": "allreduce"}
+    code, calls, err = run_template(template, tmp_path, env, ARGS, 0)
+    assert code == 0, err
+    python = str(tmp_path / "bin" / "mypython")
+    tail = [python, "-m", "keras_distrib.slurm", "--layout", "allreduce", "--requeue",
+            "--exit-code-file", "keras_distrib-logs/slurm-42.exit-code", *ARGS]
+    head = ["srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--cpus-per-task=1"]
+    if "apptainer" in template.path:
+        assert calls == [[*head, "apptainer", "exec", "--nv", "--bind", str(tmp_path), "/images/tf.sif", *tail]]
+    else:
+        assert calls == [[*head, "--container-image=/images/tf.sif", f"--container-mounts={tmp_path}:{tmp_path}",
+                          f"--container-workdir={tmp_path}", *tail]]
+
+
+@needs_bash
+@pytest.mark.parametrize("template", CONTAINERS, ids=lambda t: Path(t.path).name)
+@pytest.mark.parametrize("requeue_rc", [0, 1])
+def test_container_template_requeues_outside_when_the_agent_could_not(template: Template, tmp_path: Path,
+                                                                      requeue_rc: int) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    stub(bindir, "srun", SRUN_PREEMPTED_INSIDE)
+    stub(bindir, "scontrol", RECORDER.format(name="scontrol").replace('exit "${STUB_RC:-0}"', f"exit {requeue_rc}"))
+    env = {"SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_ID": "42", "IMAGE": "img", "JOB_CODE": "75"}
+    code, calls, err = run_template(template, tmp_path, env, ARGS, 0)
+    assert ["scontrol", "requeue", "42"] in calls, calls
+    if requeue_rc == 0:
+        assert code == 0 and "requeued job 42" in err, err
+    else:
+        assert code == 75 and "resubmit the job" in err, err
+
+
+@needs_bash
+@pytest.mark.parametrize("template", CONTAINERS, ids=lambda t: Path(t.path).name)
+def test_container_template_without_an_image_says_how_to_give_one(template: Template, tmp_path: Path) -> None:
+    code, calls, err = run_template(template, tmp_path, {"SLURM_JOB_NUM_NODES": "2"}, ARGS, 0)
+    assert code == 2 and calls == [] and "IMAGE is not set. HINT: IMAGE=" in err, err
