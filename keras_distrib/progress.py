@@ -1,9 +1,10 @@
 """A training process's progress counter, read by its node's agent (the hang watchdog).
 
-The agent gives each child the path of a file of 32 bytes (``KERAS_DISTRIB_PROGRESS_FILE``,
-contract.py): four little-endian 64-bit words, the count, how many ``watched`` calls
-(fit, evaluate) are running, and the last checkpoint's step + 1 (0: none yet) and the
-1-based epoch it lies in (``checkpointed``: what an elastic re-forming line names). ``tick()`` adds one to the count through a shared memory
+The agent gives each child the path of a file of 40 bytes (``KERAS_DISTRIB_PROGRESS_FILE``,
+contract.py): five little-endian 64-bit words, the count, how many ``watched`` calls
+(fit, evaluate) are running, the last checkpoint's step + 1 (0: none yet) and the
+1-based epoch it lies in (``checkpointed``: what an elastic re-forming line names), and 1
+once the running fit's last epoch is done (``training_ended``: no node joins after it). ``tick()`` adds one to the count through a shared memory
 map: no system call, no RPC, a few hundred nanoseconds per scheduled function. The agent
 reads the file with one ``pread`` every few seconds (launcher/watchdog.py), and watches
 for silence only while a watched call runs: what a script does after ``fit`` (export,
@@ -24,7 +25,7 @@ from typing import Any, TypeVar
 
 from . import contract
 
-_SIZE = 32
+_SIZE = 40
 _WATCH_SIZE = 16  # the count and the depth: what the watchdog reads
 _F = TypeVar("_F", bound=Callable[..., Any])
 _lock = threading.Lock()
@@ -60,6 +61,9 @@ class _Counter:
         # a torn pair costs a wrong epoch in one log line, nothing else).
         struct.pack_into("<Q", self.map, 24, epoch)
         struct.pack_into("<Q", self.map, 16, step + 1)
+
+    def ended(self, done: bool) -> None:
+        struct.pack_into("<Q", self.map, 32, int(done))
 
 
 def reset() -> None:
@@ -139,6 +143,20 @@ def checkpointed(step: int, epoch: int) -> None:
     counter = _current()
     if counter is not None:
         counter.checkpointed(step, epoch)
+
+
+def training_ended(done: bool) -> None:
+    """Note that the running fit has done its last epoch (True), or that a fit starts (False).
+    Called before that epoch's checkpoint is noted, so the agent sees the two in that order."""
+    counter = _current()
+    if counter is not None:
+        counter.ended(done)
+
+
+def training_done(path: str | os.PathLike[str]) -> bool:
+    """The agent's side of ``training_ended``: the running fit has done its last epoch."""
+    data = _pread(path, 8, 32)
+    return data is not None and len(data) == 8 and struct.unpack("<Q", data)[0] == 1
 
 
 def last_checkpoint(path: str | os.PathLike[str]) -> tuple[int, int] | None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 from dataclasses import dataclass, field, replace
 
 from .. import progress
@@ -134,11 +137,15 @@ class MembershipPolicy:
         self.channel.to_all(Start(generation=number, nodes=left))  # a dropped agent still connected stops on it
         self._reform_here(number, left)
 
-    def _last_checkpoint(self) -> tuple[int, int] | None:
-        """(step, epoch) of the writer's last checkpoint, as its progress file tells (progress.py); None: none."""
+    def _writer_says(self, read: Callable[[Path], Any]) -> Any:
+        """``read`` of the checkpoint writer's progress file (progress.py); None: no file yet."""
         writer = next((p for p in self.plan.script_runners if p.index == 0), None)
         path = None if writer is None else self.processes.progress_file(writer)
-        return None if path is None else progress.last_checkpoint(path)
+        return None if path is None else read(path)
+
+    def _last_checkpoint(self) -> tuple[int, int] | None:
+        """(step, epoch) of the writer's last checkpoint; None: none."""
+        return self._writer_says(progress.last_checkpoint)
 
     def _resume_point(self) -> str:
         """Where SCRIPT resumes, for the membership lines."""
@@ -242,8 +249,15 @@ class MembershipPolicy:
         self.membership.join_armed = False
         if not self.membership.joining or self.status.state is not State.RUNNING or self.status.interrupted:
             return
+        if not self.plan.is_jax and self._writer_says(progress.training_done):
+            # Re-forming now would run SCRIPT again with nothing left to train.
+            back = ", ".join(self.membership.joining.values())
+            self.log.info(f"{back} came back, but SCRIPT's training has done its last epoch; it stays out.")
+            self.membership.joining.clear()
+            return
         mark = self._last_checkpoint()
-        if not self.plan.is_jax and (mark is None or mark == self.membership.join_mark):
+        fit_runs = self._writer_says(lambda path: bool((progress.read(path) or (0, False))[1]))
+        if not self.plan.is_jax and (mark is None or mark == self.membership.join_mark or not fit_runs):
             self._arm_join()
             return
         back, nodes = self.membership.take_back(self.plan)

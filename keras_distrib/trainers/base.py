@@ -191,6 +191,7 @@ class Trainer:
         if keeper is not None:
             step = int(self.global_step.numpy())
             keeper.checkpointer.origin = (step, next_epoch)
+            progress.training_ended(next_epoch > self._last_epoch)  # before the checkpoint is noted
             keeper.save(step)
 
     # ------------------------------------------------------------ shared helpers
@@ -382,6 +383,7 @@ class Trainer:
                     resume_callbacks: tuple[Sequence[Any], Any] = ((), None), report: bool = False) -> Any:
         self.model.stop_training = False
         self._last_epoch = epochs - 1  # nothing to make ready past it
+        progress.training_ended(False)
         cbs.on_train_begin()
         cb_utils.restore_callback_state(*resume_callbacks)  # after on_train_begin, which resets it
         logs: dict[str, float] = {}

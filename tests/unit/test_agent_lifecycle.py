@@ -586,14 +586,20 @@ def test_a_hang_without_restarts_drops_the_node(lines: list[str]) -> None:
 
 
 def checkpoint_at(processes: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, step: int, epoch: int,
-                  writer: str = "chief-0") -> None:
-    """The writer notes a checkpoint in its progress file, as its Checkpointer.save does (``processes``: the fakes)."""
+                  writer: str = "chief-0", fit_runs: bool = True, last_epoch: bool = False) -> None:
+    """The writer notes a checkpoint in its progress file, as its Checkpointer.save does inside
+    a fit (``fit_runs``; ``last_epoch``: the fit's last one), (``processes``: the fakes)."""
     from keras_distrib import contract, progress
 
     processes.plan_file = tmp_path / "plan.json"
     monkeypatch.setenv(contract.PROGRESS_FILE_VAR, str(tmp_path / f"{contract.PROGRESS_FILE_PREFIX}{writer}"))
     progress.reset()
     try:
+        counter = progress._current()
+        assert counter is not None
+        counter.enter(0)  # the depth as the file held it is not read back: write it anew
+        counter.enter(1 if fit_runs else 0)
+        progress.training_ended(last_epoch)
         progress.checkpointed(step, epoch)
     finally:
         progress.reset()
@@ -627,6 +633,26 @@ def test_a_node_back_joins_at_the_next_checkpoint(tmp_path: Any, monkeypatch: py
     assert h.agent.membership.silent_nodes == set() and h.agent.membership.joining == {}
     # the plan is the job's first one again: n3 holds ps:2 and worker:2
     assert h.agent.plan == h.agent.membership.formed_plan
+
+
+def test_a_node_back_when_training_is_done_stays_out(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                                    lines: list[str]) -> None:
+    """A node that comes back must never restart a job whose training is done: the checkpoint
+    of the fit's last epoch takes no node back (SCRIPT would run again with nothing to train)."""
+    from keras_distrib.launcher.messages import JoinDue, PeerJoined
+
+    h = harness(min_nodes=2)
+    checkpoint_at(h.processes, tmp_path, monkeypatch, 400, 2)
+    h.agent.handle(PeerSilent(2, 31))
+    h.agent.handle(PeerJoined(2, hello_of(h, 2)))
+    checkpoint_at(h.processes, tmp_path, monkeypatch, 600, 3, fit_runs=False)  # between fits, or before one
+    h.agent.handle(JoinDue())
+    assert h.agent.plan.nodes == ("n1", "n2") and h.agent.membership.joining == {2: "n3"}  # it waits
+    checkpoint_at(h.processes, tmp_path, monkeypatch, 800, 4, last_epoch=True)
+    h.agent.handle(JoinDue())
+    assert h.agent.plan.nodes == ("n1", "n2") and h.agent.generation.number == 1 and h.state is State.RUNNING
+    assert h.agent.membership.joining == {} and h.processes.reformed == [["chief:0", "ps:0", "worker:0"]]
+    assert lines[-1] == "n3 came back, but SCRIPT's training has done its last epoch; it stays out."
 
 
 def test_a_node_that_leaves_again_before_the_checkpoint_does_not_join(tmp_path: Any,

@@ -338,9 +338,14 @@ def test_progress_file_carries_the_last_checkpoint(tmp_path: Path, monkeypatch: 
         progress.checkpointed(812, 5)
         assert progress.last_checkpoint(path) == (812, 5)
         assert progress.read(path) == (5, False)  # the watchdog's words are untouched
+        assert not progress.training_done(path)
+        progress.training_ended(True)  # the fit's last epoch, before its checkpoint is noted
+        assert progress.training_done(path) and progress.last_checkpoint(path) == (812, 5)
+        progress.training_ended(False)  # another fit starts
+        assert not progress.training_done(path)
     finally:
         progress.reset()
-    assert progress.last_checkpoint(tmp_path / "missing") is None
+    assert progress.last_checkpoint(tmp_path / "missing") is None and not progress.training_done(tmp_path / "missing")
 
 
 def test_worker_count_reads_the_current_plan(tmp_path: Path) -> None:
