@@ -132,7 +132,7 @@ def test_an_epoch_end_is_saved_as_the_next_epochs_start() -> None:
     keeper = SimpleNamespace(checkpointer=checkpointer,
                              save=lambda step: saved.append(position(step, checkpointer.steps_per_epoch,
                                                                      checkpointer.origin)))
-    trainer = SimpleNamespace(global_step=SimpleNamespace(numpy=lambda: 219))
+    trainer = SimpleNamespace(global_step=SimpleNamespace(numpy=lambda: 219), _last_epoch=5)
     Trainer._save_checkpoint(trainer, keeper, 3)  # type: ignore[arg-type]
     assert saved == [(3, 0)]
     assert position(219 + 30, 61, checkpointer.origin) == (3, 30)  # a mid-epoch save after it
