@@ -38,11 +38,8 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from cluster_parsers import JobInfo, node_of_rank
 
 from .. import progress
 from ..contract import PREEMPTED_EXIT_CODE, SETUP_EXIT_CODE
@@ -54,12 +51,12 @@ from . import control
 from . import requeue as requeue_job
 from .children import Child, describe_exit, shell_exit_code
 from .formation import Channel, Identity, SoloChannel, form_job
+from .spec import LaunchSpec
 from .membership import Membership, MembershipPolicy
 from .messages import (
     ChildExited, Died, Done, Event, Failed, FailureDue, FromPeer, Hung, JoinDue, OrphanStopDeadline, PeerGone, PeerJoined,
     PeerSilent, RejoinFailed, Rejoined, Restart, ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop, Stuck,
 )
-from .options import Options
 from .mechanism import Processes, SchedulerCalls, ThreadTimers, Timers
 from .restarts import RestartCount, restart_line, restart_targets
 from .states import TRANSITIONS, Generation, RunResult, RunStatus, State
@@ -76,36 +73,6 @@ ORPHAN_STOP_WAIT = 30.0
 SCRIPT_STOP_WAIT = 120.0
 
 
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything one launch is given: the job, its plan and options, and what to run."""
-
-    job: JobInfo
-    plan: Plan
-    options: Options
-    mode: str = "agent"  # or "per-role": one task per process
-    script: str | None = None
-    script_args: tuple[str, ...] = ()
-    check: bool = False  # run the cluster check instead of SCRIPT (also when script is None)
-    local: bool = False
-    log_dir: Path | None = None  # this job's directory of per-process output files (launch makes it)
-    join: bool = False  # a new agent for a running elastic job (--join): it joins at the next checkpoint
-
-    @property
-    def runs_check(self) -> bool:
-        return self.check or self.script is None
-
-
-def identity_for(job: JobInfo, mode: str, local: bool) -> Identity:
-    """Agent identity: node index in agent mode, global rank in per-role mode."""
-    if local:
-        return Identity(0, 1, job.nodes[0], {0: job.nodes[0]}, local=True)
-    if mode == "per-role":
-        names = {r: job.nodes[node_of_rank(r, job.tasks_per_node)[0]] for r in range(job.num_tasks)}
-        return Identity(job.rank, job.num_tasks, job.node, names)
-    return Identity(job.node_index, job.num_nodes, job.node, dict(enumerate(job.nodes)))
 
 
 class Agent(MembershipPolicy):

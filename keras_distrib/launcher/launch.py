@@ -15,11 +15,12 @@ from pathlib import Path
 from cluster_parsers import ClusterConfigError, JobInfo
 
 from ..logs import NodeLogger
-from .agent import Agent, LaunchSpec, identity_for
+from .agent import Agent
 from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
 from .options import Options
 from .prestart import require_free_ports, require_protocol
+from .spec import LaunchSpec, identity_for
 
 logger = logging.getLogger(__name__)
 
