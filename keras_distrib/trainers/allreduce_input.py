@@ -219,7 +219,7 @@ class EpochInput:
         (``counts``) and ``last`` is given, one iterator runs through epochs ``epoch`` ..
         ``last``, each exactly ``len(counts)`` batches per pipeline: a fresh iterator per
         epoch cost about 0.1 s per epoch to make, and destroying the last one stalled an
-        epoch in about four by about 0.5 s (docs/performance.md)."""
+        epoch in about four by about 0.5 s (docs/performance-history.md)."""
         if self.repeat and self._persistent is not None:
             return self._persistent
         if self.counts is not None and last is not None:

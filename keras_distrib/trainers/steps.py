@@ -19,7 +19,7 @@ from ._common import TrainerError, empty_like
 from .metrics import all_finite, pythonify_logs
 
 #: Steps run inside one scheduled/compiled function when neither ``keras_distrib.fit``
-#: nor ``model.compile(steps_per_execution=...)`` says (measured: docs/performance.md).
+#: nor ``model.compile(steps_per_execution=...)`` says (measured: docs/performance-history.md).
 DEFAULT_STEPS_PER_EXECUTION = 10
 
 #: Examples per batch when ``batch_size`` is not given (Keras' default).
@@ -90,7 +90,7 @@ def compiled(fn: Callable[..., Any], *, retrace_less: bool = False) -> Any:
     Never converted by AutoGraph, as Keras' own steps (its ``do_not_convert``): the user's
     code is traced as the Python it is, and our loops and branches are written as
     ``tf.while_loop``/``tf.cond`` (converting cost every process seconds of its first
-    trace: docs/performance.md). ``retrace_less``: ``reduce_retracing`` for functions
+    trace: docs/performance-history.md). ``retrace_less``: ``reduce_retracing`` for functions
     called with varying shapes (predict batches, the user's step). Never ``jit_compile``:
     XLA cannot compile the ps trainers' remote reads (`check_compile_knobs` refuses it
     with a HINT).

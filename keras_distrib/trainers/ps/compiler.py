@@ -27,7 +27,7 @@ MAX_UNROLLED_VARIABLE_STEPS = 4000
 #: ...and only while the chunk's other steps add at most this many graph operations (the
 #: first step's count, times the steps left): a step of many operations is a big step,
 #: which the loop's per-step cost hardly slows, while each unrolled copy costs trace and
-#: compile time (about 0.3-1 ms per operation on CPU: docs/performance.md). Counted, not
+#: compile time (about 0.3-1 ms per operation on CPU: docs/performance-history.md). Counted, not
 #: timed, so the graph that runs is the same on every machine.
 UNROLL_OPERATIONS_BUDGET = 10_000
 
@@ -95,7 +95,7 @@ class ChunkCompiler:
         """Up to ``num_steps`` steps over a counted shard (`with_countdown`): one look at
         how many batches are left decides, for the whole closure, between the K steps
         and the shard's last ``left`` steps (a graph loop, once per shard and epoch); no
-        step needs its own guard. One cond per closure still costs (docs/performance.md),
+        step needs its own guard. One cond per closure still costs (docs/performance-history.md),
         so the chief sends the closures it knows the shard can fill to `sure_steps` instead."""
         import tensorflow as tf
 
@@ -122,7 +122,7 @@ class ChunkCompiler:
 
         left, first = next(iterator) if element is None else element
         c, unroll_rest = first_step_then_decide(lambda: advance(Batches(iterator, first), carry), num_steps, unroll)
-        if unroll_rest:  # unrolled: docs/performance.md
+        if unroll_rest:  # unrolled: docs/performance-history.md
             for _ in range(num_steps - 1):
                 c = advance(Batches(iterator), c)
         else:
@@ -142,7 +142,7 @@ class ChunkCompiler:
         if isinstance(num_steps, tf.Tensor):  # a part's remainder (`steps_arg`): all in a graph loop
             return loop(iterator, carry, num_steps, 0, lambda it, c: advance(it, c, endless))
         carry, unroll_rest = first_step_then_decide(lambda: advance(iterator, carry, endless), num_steps, unroll)
-        if unroll_rest:  # unrolled: docs/performance.md
+        if unroll_rest:  # unrolled: docs/performance-history.md
             for _ in range(num_steps - 1):
                 carry = advance(iterator, carry, endless)
             return carry

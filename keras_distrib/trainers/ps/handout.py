@@ -345,7 +345,7 @@ class DynamicDatasetInput(PartsHandOut):
     and trains on its own. Every worker reads the whole epoch, as it does with fixed shards
     (``Dataset.shard`` keeps 1 element in k of the whole pipeline); a whole run per element
     rather than a batch: a stream of batches, cut by ``flat_map``, cost about 1.5 ms more
-    per step than fixed shards (docs/performance.md).
+    per step than fixed shards (docs/performance-history.md).
 
     A worker takes its closures in order, so its stream only moves forward; a closure the
     coordinator re-runs on another worker (its first worker was lost) may find that

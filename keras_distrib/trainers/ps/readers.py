@@ -29,7 +29,7 @@ def with_countdown(ds: Any) -> Any:
 def without_autotune(ds: Any, source: Any) -> Any:
     """``ds`` without tf.data's autotuning, unless the user's dataset sets it: a fresh
     pipeline each epoch under autotuning stalled the epoch's first closure about 1 s in 1
-    epoch of 4 (docs/performance.md); without it, AUTOTUNE settings keep tf.data's defaults."""
+    epoch of 4 (docs/performance-history.md); without it, AUTOTUNE settings keep tf.data's defaults."""
     import tensorflow as tf
 
     dataset = getattr(source, "dataset", None)
@@ -183,7 +183,7 @@ def skip_to(iterator: Any, sources: Any, first: Any, per_run: int, stacked: bool
     was re-run on this worker after its own was lost) is replaced by a fresh one of the
     epoch from ``sources`` (`DynamicDatasetInput.iterator`). Only the choice of the stream
     is conditional: a ``tf.cond`` around the steps, waiting for the stream, cost 6-10 % of
-    the MLP's steps/s (docs/performance.md)."""
+    the MLP's steps/s (docs/performance-history.md)."""
     import tensorflow as tf
 
     wanted = first // per_run

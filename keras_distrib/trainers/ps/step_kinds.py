@@ -76,7 +76,7 @@ def next_input(iterator: Any, endless: bool) -> tuple[Any, Any]:
 
 def guarded(has_value: Any, run: Any, skip: Any) -> Any:
     """``run()`` where the input cannot run out (``has_value`` None), else a cond: a cond per
-    step costs (docs/performance.md), so an input that cannot run out (steps_per_epoch, no
+    step costs (docs/performance-history.md), so an input that cannot run out (steps_per_epoch, no
     empty shard) runs without."""
     import tensorflow as tf
 

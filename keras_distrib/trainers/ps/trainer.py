@@ -1,6 +1,6 @@
 """Asynchronous parameter-server training for Keras 3 models (ParameterServerStrategy).
 
-Contracts (the decisions behind them, with their measurements: docs/performance.md,
+Contracts (the decisions behind them, with their measurements: docs/performance-history.md,
 "The parameter-server trainer's decisions"):
 
 * A scheduled closure runs up to K steps (``steps_per_execution``, default 10) of one
