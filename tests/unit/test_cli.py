@@ -295,3 +295,24 @@ def test_join_needs_min_nodes_and_another_node_than_the_first(options: Options, 
     with pytest.raises(ClusterConfigError, match=expected) as raised:
         check_join(options, job)
     assert " HINT: " in str(raised.value)
+
+
+def test_every_default_the_help_states_is_the_options_default() -> None:
+    """The CLI reference is generated from these help strings: a stated default must be the code's."""
+    import re
+
+    from keras_distrib.checkpoint_interval import DEFAULT_EVERY
+    from keras_distrib.launcher.cli import arg_parser
+    from keras_distrib.launcher.options import Options
+
+    defaults = {**{f.replace("-", "_"): getattr(Options(), f.replace("-", "_")) for f in Options.keys()},
+                "checkpoint_every": DEFAULT_EVERY}
+    stated = 0
+    for action in arg_parser("x", local=True)._actions:
+        match = re.search(r"\(default ([\w.-]+)", action.help or "")
+        if match is None or action.dest not in defaults or defaults[action.dest] is None:
+            continue  # None: a default the help describes in words (the port block from the job id)
+        stated += 1
+        want = defaults[action.dest]
+        assert match.group(1) == (f"{want:g}" if isinstance(want, float) else str(want)), (action.dest, action.help)
+    assert stated >= 6  # startup-timeout, shutdown-grace, heartbeat-timeout, max-restarts, hang-timeout, checkpoint-every
