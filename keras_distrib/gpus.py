@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 #: The exit code of a process that sees fewer GPUs than planned under --require-gpus.
 MISSING_GPUS_EXIT_CODE = contract.SETUP_EXIT_CODE
 
+#: How each framework's GPU build is installed.
+GPU_BUILDS = {"TensorFlow": "pip install 'tensorflow[and-cuda]'", "JAX": "pip install 'jax[cuda12]'"}
+
 
 def planned_gpus(environ: Mapping[str, str]) -> list[str]:
     """The GPU ids the plan gave this process (none outside a job, or for ps and chief)."""
@@ -38,9 +41,7 @@ def missing_gpus_line(framework: str, planned: int, seen: int, built_for_gpus: b
         return None
     if not built_for_gpus:
         cause = f"this {framework} has no GPU support"
-        fix = ("install the GPU build in the job's environment: pip install 'tensorflow[and-cuda]'"
-               if framework == "TensorFlow" else "install the GPU build in the job's environment: "
-               "pip install 'jax[cuda12]'")
+        fix = f"install the GPU build in the job's environment: {GPU_BUILDS[framework]}"
     else:
         cause = "the GPU driver or CUDA libraries were not found, or CUDA_VISIBLE_DEVICES names GPUs this node lacks"
         fix = "run nvidia-smi on the node; load the CUDA module (or activate the environment) in the job script"
@@ -56,8 +57,11 @@ def check_planned_gpus(framework: str, count_seen: Callable[[], int], built_for_
     planned = planned_gpus(environ)
     if not planned:
         return
+    seen = count_seen()
+    if seen >= len(planned):  # all seen: the build is not asked about (a server imports less)
+        return
     required = environ.get(contract.REQUIRE_GPUS_VAR) == "1"
-    line = missing_gpus_line(framework, len(planned), count_seen(), built_for_gpus(), required)
+    line = missing_gpus_line(framework, len(planned), seen, built_for_gpus(), required)
     if line is None:
         return
     if required:
