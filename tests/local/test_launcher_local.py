@@ -242,27 +242,31 @@ def test_a_script_that_calls_keras_distrib_is_not_named(workdir: Path) -> None:
     assert UNPORTED_LINE not in out
 
 
-GPU_LINE = "the scheduler gave this process 2 GPU(s) but TensorFlow sees 0"
-
-
-@pytest.mark.parametrize("layout", ["ps-per-node", "allreduce"])
-def test_gpus_planned_but_not_seen_are_one_line_or_exit_2(workdir: Path, layout: str) -> None:
-    """A GPU allocation (2 GPUs per node) on this machine, whose TensorFlow sees none: the job
-    says so in one line and trains on; --require-gpus stops it with exit code 2, no restart."""
-    (workdir / "gpu_job.py").write_text(textwrap.dedent(
-        """
+@pytest.mark.parametrize("layout, setup, framework", [
+    ("ps-per-node", "strategy", "TensorFlow"),
+    ("allreduce", "strategy", "TensorFlow"),
+    ("jax", "distribution", "JAX"),
+])
+def test_gpus_planned_but_not_seen_are_one_line_or_exit_2(workdir: Path, layout: str, setup: str,
+                                                          framework: str) -> None:
+    """A GPU allocation (2 GPUs per node) on this machine, whose TensorFlow and JAX see none:
+    the job says so in one line and trains on; --require-gpus stops it with exit code 2, no restart."""
+    gpu_line = f"the scheduler gave this process 2 GPU(s) but {framework} sees 0"
+    (workdir / f"gpu_{setup}.py").write_text(textwrap.dedent(
+        f"""
         import keras_distrib
-        keras_distrib.strategy()
+        keras_distrib.{setup}()
         print("trained", flush=True)
         """))
     base = ["--nodes", "2", "--gpus-per-node", "0,1", "--layout", layout]
-    proc = start_local([*base, "gpu_job.py"], workdir)
+    env = {"KERAS_BACKEND": "jax"} if framework == "JAX" else {}
+    proc = start_local([*base, f"gpu_{setup}.py"], workdir, **env)
     out, _ = proc.communicate(timeout=180)
-    lines = [line for line in meaningful(out) if GPU_LINE in line]
+    lines = [line for line in meaningful(out) if gpu_line in line]
     assert proc.returncode == 0 and "trained" in out, out
     assert len(lines) == 1 and "warning: " in lines[0] and "HINT: " in lines[0], out
-    proc = start_local([*base, "--require-gpus", "--max-restarts", "3", "gpu_job.py"], workdir)
+    proc = start_local([*base, "--require-gpus", "--max-restarts", "3", f"gpu_{setup}.py"], workdir, **env)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 2, out
-    assert any(GPU_LINE in line and "error: " in line for line in meaningful(out)), out
+    assert any(gpu_line in line and "error: " in line for line in meaningful(out)), out
     assert "trained" not in out and "restarting" not in out, out
