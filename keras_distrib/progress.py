@@ -153,6 +153,12 @@ def training_ended(done: bool) -> None:
         counter.ended(done)
 
 
+def fit_running(path: str | os.PathLike[str]) -> bool:
+    """The agent's side of ``watched``: a fit (or evaluate) runs in the process behind ``path``."""
+    state = read(path)
+    return state is not None and state[1]
+
+
 def training_done(path: str | os.PathLike[str]) -> bool:
     """The agent's side of ``training_ended``: the running fit has done its last epoch."""
     data = _pread(path, 8, 32)

@@ -256,7 +256,7 @@ class MembershipPolicy:
             self.membership.joining.clear()
             return
         mark = self._last_checkpoint()
-        fit_runs = self._writer_says(lambda path: bool((progress.read(path) or (0, False))[1]))
+        fit_runs = self._writer_says(progress.fit_running)
         if not self.plan.is_jax and (mark is None or mark == self.membership.join_mark or not fit_runs):
             self._arm_join()
             return
