@@ -122,11 +122,13 @@ class OutputFilter:
             self._hiding_warning = False
             if line[:1] in (b" ", b"\t"):
                 return []
-        if self.shared is not None and not self._traceback and _PY_WARNING.match(line):
+        # A quiet child shows nothing, so it must not claim a line: the one that speaks would stay silent.
+        sharing = self.shared is not None and not self.quiet and not self._traceback
+        if sharing and _PY_WARNING.match(line):
             if self.shared.shown_by(line, self.name) is not None:
                 self._hiding_warning = True
                 return []
-        if self.shared is not None and not self._traceback and (own := _OWN_LINE.match(line)):
+        if sharing and (own := _OWN_LINE.match(line)):
             if self.shared.shown_by(b"own: " + line[own.end():], self.name) is not None:
                 return []
         if self._traceback or line.startswith(_TRACEBACK_START):

@@ -182,6 +182,17 @@ def test_our_own_warning_every_process_repeats_is_shown_once_per_agent() -> None
     assert shown(other, [b"error: " + text]) == []
 
 
+def test_a_quiet_child_first_with_a_warning_leaves_it_to_the_one_that_speaks() -> None:
+    """All-reduce workers above 0 are quiet; whichever process prints first, worker 0 shows
+    the line every process repeats (a quiet one must not claim it)."""
+    for text in (b"keras_distrib: warning: the scheduler gave this process 2 GPU(s) but TensorFlow sees 0\n",
+                 b"/venv/keras/src/trainer.py:82: UserWarning: no trainable weights.\n"):
+        shared = SharedErrors()
+        quiet, speaker = OutputFilter(name="worker:1", shared=shared, quiet=True), OutputFilter(name="worker:0", shared=shared)
+        assert shown(quiet, [text]) == []
+        assert shown(speaker, [text]) == [text]
+
+
 def test_quiet_child_shows_nothing_but_keeps_its_tail() -> None:
     output = OutputFilter(quiet=True)
     assert shown(output, [f"line {i}\n".encode() for i in range(100)]) == []
