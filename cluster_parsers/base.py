@@ -52,12 +52,24 @@ class JobInfo:
     #: The scheduler's slots per node (``tasks_per_node`` when the parser gives none); in
     #: the agent mode ``tasks_per_node`` is all 1 while this keeps the allocation.
     slots_per_node: tuple[int, ...] = field(default=())
+    #: The component of a heterogeneous job each node belongs to (Slurm's het group, PBS's
+    #: chunk); all 0 in a plain job.
+    node_components: tuple[int, ...] = field(default=())
+    #: Where the components came from, for messages, e.g. "SLURM_JOB_NODELIST_HET_GROUP_0/1".
+    components_source: str = ""
 
     def __post_init__(self) -> None:
         if not self.node_gpus:
             object.__setattr__(self, "node_gpus", tuple(() for _ in self.nodes))
         if not self.slots_per_node:
             object.__setattr__(self, "slots_per_node", tuple(self.tasks_per_node))
+        if not self.node_components:
+            object.__setattr__(self, "node_components", tuple(0 for _ in self.nodes))
+
+    @property
+    def num_components(self) -> int:
+        """1 in a plain job; the heterogeneous job's components otherwise."""
+        return max(self.node_components, default=0) + 1
 
     @property
     def num_nodes(self) -> int:

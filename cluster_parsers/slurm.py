@@ -47,11 +47,16 @@ class SlurmParser(ClusterParser):
     gpu_vars = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
     gpu_count_var = "SLURM_GPUS_ON_NODE"
 
+    het_srun_agents = "srun --het-group=0,1 --ntasks-per-node=1 python -m keras_distrib.slurm ..."
+
     def parse(self) -> JobInfo:
         _, job_id = self.require(
             *self.job_id_vars,
             hint=f"run inside a Slurm allocation: {self.srun_agents}, or from an sbatch/salloc shell.",
         )
+        components = self._components()
+        if components is not None:
+            return self._heterogeneous_job(job_id, *components)
         in_step = bool(self.env.get(self.step_vars[0]))
         nodes_var, tasks_var, ntasks_var = self.step_vars if in_step else self.job_vars
         if not self.env.get(nodes_var) and self.env.get(self.legacy_nodelist_var):
@@ -132,6 +137,66 @@ class SlurmParser(ClusterParser):
             return Tasks(tuple(slots), sum(slots[:node_index]), 0, node_index, False, source)
         return launched_tasks(self.env, nodes, slots, source, self.agent_launch_hint)
 
+    def _components(self) -> tuple[list[str], list[int], str] | None:
+        """A heterogeneous job's nodes in component order, each node's component, and their
+        source (None: a plain job). The batch shell's SLURM_JOB_NODELIST holds only the first
+        component, and a step's the union in Slurm's own order (measured with Slurm 22.05):
+        each component's own list says which node is which."""
+        size_var = next((v for v in self.het_size_vars if self.env.get(v)), None)
+        if size_var is None or self.int_var(size_var, minimum=1) == 1:
+            return None
+        size = self.int_var(size_var, minimum=1)
+        nodes: list[str] = []
+        components: list[int] = []
+        for component in range(size):
+            var, value = self.require(*(f"{self.job_vars[0]}{marker}{component}" for marker in self.het_markers),
+                                      hint=f"{size_var}={size}: run inside the heterogeneous job's own shell or step.")
+            for node in expand_hosts(var, value):
+                if node in nodes:
+                    raise ClusterConfigError(
+                        f"{var}={value!r} holds {node}, which component {components[nodes.index(node)]} holds too.",
+                        "give each component its own nodes (a partition each, or -w / --exclude per component).",
+                    )
+                nodes.append(node)
+                components.append(component)
+        return nodes, components, f"{self.job_vars[0]}_HET_GROUP_0..{size - 1}"
+
+    def _heterogeneous_job(self, job_id: str, nodes: list[str], components: list[int], source: str) -> JobInfo:
+        """The whole heterogeneous job: its nodes in component order, this task placed by name."""
+        nodes_var, tasks_var, _ = self.step_vars
+        if self.env.get(nodes_var):
+            step_nodes = expand_hosts(nodes_var, self.env[nodes_var])
+            if set(step_nodes) != set(nodes):
+                raise ClusterConfigError(
+                    f"{nodes_var}={self.env[nodes_var]!r} runs on {len(step_nodes)} of the {len(nodes)} nodes of "
+                    f"this heterogeneous job ({source}).",
+                    f"start one agent on every node of every component: {self.het_srun_agents}",
+                )
+            raw = self.env.get(tasks_var)
+            counts = expand_tasks_per_node(tasks_var, raw, len(step_nodes), nodes_var) if raw else [1] * len(step_nodes)
+            per_node = dict(zip(step_nodes, counts))
+            slots = [per_node[n] for n in nodes]
+            launched, where = True, f"{tasks_var}={raw!r}"
+        else:  # the batch (or salloc) shell: nothing launched yet
+            slots, launched, where = [1] * len(nodes), False, f"{source} (the job's shell: no task launched)"
+        if launched and not self.env.get(self.node_name_var):  # SLURM_NODEID counts in the step's order, not ours
+            raise ClusterConfigError(f"{self.node_name_var} is not set in a step of a heterogeneous job ({source}).",
+                                     f"start the agents as Slurm's own launcher does: {self.het_srun_agents}")
+        node_index = self._node_index(nodes, source) if self.env.get(self.node_name_var) else 0
+        local_rank = self.int_var(self.local_rank_var, default=0, minimum=0) if launched else 0
+        if local_rank >= slots[node_index]:
+            raise ClusterConfigError(f"{self.local_rank_var}={local_rank} is outside the {slots[node_index]} task(s) "
+                                     f"of node {nodes[node_index]} in {where}.",
+                                     f"start it inside the job: {self.het_srun_agents}")
+        gpus = self._gpus()  # this node's: each component's agents know their own component's GPUs only
+        mine = components[node_index]
+        return JobInfo(
+            scheduler=self.name, job_id=job_id, nodes=tuple(nodes), tasks_per_node=tuple(slots),
+            rank=sum(slots[:node_index]) + local_rank, local_rank=local_rank, node_index=node_index,
+            node_gpus=tuple(gpus if c == mine else () for c in components), tasks_source=where,
+            tasks_launched=launched, node_components=tuple(components), components_source=source,
+        )
+
     def _refuse_heterogeneous_job(self, nodes_var: str) -> None:
         """Say what is missing in a heterogeneous job's shell instead of 'not in a job'."""
         het = sorted(k for k in self.env if k.startswith("SLURM_") and any(m in k for m in self.het_markers))
@@ -139,9 +204,9 @@ class SlurmParser(ClusterParser):
         if het or sizes:
             shown = ", ".join(sizes + het[:4]) + (", ..." if len(het) > 4 else "")
             raise ClusterConfigError(
-                f"{nodes_var} is not set: this is a heterogeneous Slurm job ({shown}), "
-                "whose nodes are split into components.",
-                "keras_distrib plans one homogeneous job: submit it without ':' or '#SBATCH hetjob' components.",
+                f"{nodes_var} is not set, and this looks like part of a heterogeneous Slurm job ({shown}) "
+                f"without its {' / '.join(self.het_size_vars)}.",
+                f"run inside the job's own shell, or start the agents with {self.het_srun_agents}",
             )
 
     def _node_index(self, nodes: list[str], nodes_var: str) -> int:

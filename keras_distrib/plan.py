@@ -24,6 +24,13 @@ MIN_PORT, MAX_PORT = 1024, 65535
 CHIEF, PS, WORKER = "chief", "ps", "worker"
 # Keras 3 on the JAX backend with keras.distribution: every process runs SCRIPT.
 JAX_LAYOUTS = ("jax", "jax-per-gpu")
+#: The layout of a heterogeneous job (`component_roles`).
+HETEROGENEOUS_LAYOUT = "ps-per-node"
+
+# What the nodes of one component of a heterogeneous job run: the chief and the workers
+# (with their GPUs), or parameter servers only. A plain job's nodes run both.
+WORKERS_ROLE, PS_ROLE, BOTH_ROLES = "workers", "ps", "both"
+COMPONENT_ROLES = (WORKERS_ROLE, PS_ROLE)
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,8 @@ class Plan:
     layout: str
     protocol: str
     processes: tuple[Process, ...]
+    #: The role of each component of a heterogeneous job (`component_roles`); () in a plain job.
+    roles: tuple[str, ...] = ()
 
     def cluster_spec(self) -> dict[str, list[str]]:
         spec: dict[str, list[str]] = {}
@@ -121,6 +130,7 @@ class Plan:
                 {"node": p.node, "job": p.job, "index": p.index, "address": p.address, "gpus": list(p.gpus)}
                 for p in self.processes
             ],
+            "component_roles": list(self.roles),
         }
 
     @classmethod
@@ -130,25 +140,73 @@ class Plan:
         for p in data["processes"]:
             host, port = p["address"].rsplit(":", 1)
             procs.append(Process(p["node"], nodes.index(p["node"]), p["job"], p["index"], host, int(port), tuple(p["gpus"])))
-        return cls(data["scheduler"], data["job_id"], nodes, data["layout"], protocol, tuple(procs))
+        return cls(data["scheduler"], data["job_id"], nodes, data["layout"], protocol, tuple(procs),
+                   tuple(data.get("component_roles", ())))
 
 
 _JOB_ORDER = {CHIEF: 0, PS: 1, WORKER: 2}
 
 
-def node_roles(layout: str, node_index: int, gpus: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """The (job, GPUs) of each process on one node, in start order: the rank->role rule."""
+def node_roles(layout: str, node_index: int, gpus: Sequence[str],
+               role: str = BOTH_ROLES) -> list[tuple[str, tuple[str, ...]]]:
+    """The (job, GPUs) of each process on one node, in start order: the rank->role rule.
+
+    ``role``: what the node's component runs in a heterogeneous job (`component_roles`): a
+    parameter-server node runs one ps and leaves its GPUs unused; a workers node runs no ps.
+    """
+    if role == PS_ROLE:
+        return [(PS, ())]
     chief = [(CHIEF, ())] if node_index == 0 and layout not in ("allreduce", *JAX_LAYOUTS) else []
+    ps = [(PS, ())] if role == BOTH_ROLES else []
     if layout == "ps-per-node":
-        return chief + [(PS, ()), (WORKER, tuple(gpus))]
+        return chief + ps + [(WORKER, tuple(gpus))]
     if layout == "worker-per-gpu":
         workers = [(WORKER, (g,)) for g in gpus] or [(WORKER, ())]
-        return chief + [(PS, ())] + workers
+        return chief + ps + workers
     if layout in ("allreduce", "jax"):
         return [(WORKER, tuple(gpus))]
     if layout == "jax-per-gpu":
         return [(WORKER, (g,)) for g in gpus] or [(WORKER, ())]
     raise ClusterConfigError(f"layout={layout!r} is unknown.", "use ps-per-node, worker-per-gpu, allreduce, jax or jax-per-gpu.")
+
+
+def component_roles(job: JobInfo, layout: str, wanted: str | None = None) -> tuple[str, ...]:
+    """What each component of a heterogeneous job runs; () for a plain job.
+
+    By default the first component computes (the chief and the workers, with their GPUs)
+    and every other one holds the parameter servers, as in ``sbatch -N2 --gres=gpu:4 : -N1
+    -p cpu``. ``wanted`` ("workers,ps,ps", --component-roles) names one role per component;
+    the first component always computes, because the chief runs on the job's first node.
+    """
+    source = job.components_source or "the scheduler's node list"
+    if job.num_components == 1:
+        if wanted:
+            raise ClusterConfigError(
+                f"--component-roles {wanted!r}, but this job has one component "
+                f"({source}).",
+                "drop --component-roles, or submit a heterogeneous job (sbatch -N2 : -N1, docs/schedulers.md).",
+            )
+        return ()
+    if layout != HETEROGENEOUS_LAYOUT:
+        # worker-per-gpu: the number of workers per node follows its GPUs, which the agents
+        # of the other components cannot see, so their plans would differ.
+        raise ClusterConfigError(
+            f"layout {layout} cannot run a heterogeneous job ({job.num_components} components, {source}): only "
+            f"{HETEROGENEOUS_LAYOUT} puts its parameter servers on a component of their own.",
+            f"use --layout {HETEROGENEOUS_LAYOUT} (one worker per node with all its GPUs), or submit a plain job for "
+            f"layout {layout}.",
+        )
+    default = (WORKERS_ROLE,) + (PS_ROLE,) * (job.num_components - 1)
+    roles = tuple(r.strip() for r in wanted.split(",")) if wanted else default
+    if len(roles) != job.num_components or any(r not in COMPONENT_ROLES for r in roles) or roles[0] != WORKERS_ROLE \
+            or PS_ROLE not in roles:
+        raise ClusterConfigError(
+            f"--component-roles {wanted!r} does not give the {job.num_components} "
+            f"components of this job ({source}) one role each, the first 'workers' and at least one 'ps'.",
+            f"write one of 'workers' or 'ps' per component, in the job's order, e.g. {','.join(default)}; put the "
+            "GPU component first in the sbatch line (sbatch -N2 --gres=gpu:4 : -N1 -p cpu).",
+        )
+    return roles
 
 
 def derive_port_base(job_id: str, override: int | None = None) -> int:
@@ -171,20 +229,23 @@ def build_plan(
     port_base: int | None = None,
     protocol: str = "grpc",
     hosts: Mapping[str, str] | None = None,
+    roles: tuple[str, ...] = (),
 ) -> Plan:
     """Plan every process of the job.
 
     ``hosts`` maps a node name to the address others use to reach it (an interface IP,
-    or ``localhost`` in local mode); by default the node name itself.
+    or ``localhost`` in local mode); by default the node name itself. ``roles``: what each
+    component of a heterogeneous job runs (`component_roles`).
     """
     base = derive_port_base(job.job_id, port_base)
-    _check_equal_gpus(job, layout)
+    node_role = [roles[c] if roles else BOTH_ROLES for c in job.node_components]
+    _check_equal_gpus(job, layout, [r != PS_ROLE for r in node_role])
     next_slot: dict[str, int] = {}
     counters = {CHIEF: 0, PS: 0, WORKER: 0}
     processes = []
     for node_index, node in enumerate(job.nodes):
         host = (hosts or {}).get(node, node)
-        for role, gpus in node_roles(layout, node_index, job.node_gpus[node_index]):
+        for role, gpus in node_roles(layout, node_index, job.node_gpus[node_index], node_role[node_index]):
             slot = next_slot.get(host, 0)
             next_slot[host] = slot + 1
             port = base + slot
@@ -201,7 +262,14 @@ def build_plan(
                 )
             processes.append(Process(node, node_index, role, counters[role], host, port, gpus))
             counters[role] += 1
-    return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes))
+    if roles and (not counters[PS] or not counters[WORKER]):
+        missing = "parameter-server" if not counters[PS] else "workers"
+        raise ClusterConfigError(
+            f"none of the job's {len(job.nodes)} node(s) is left in a {missing} component "
+            f"({', '.join(f'{n}={r}' for n, r in zip(job.nodes, node_role))}).",
+            "the job needs a node in each component; resubmit it (or requeue: --requeue).",
+        )
+    return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes), roles)
 
 
 def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:
@@ -216,17 +284,19 @@ def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:
     at = {n: i for i, n in enumerate(job.nodes)}  # the job's lists follow its own node order
     pick = lambda values: tuple(values[at[n]] for n in nodes)  # noqa: E731
     sub = replace(job, nodes=tuple(nodes), tasks_per_node=pick(job.tasks_per_node), node_gpus=pick(job.node_gpus),
-                  slots_per_node=pick(job.slots_per_node), node_index=0, rank=0, local_rank=0)
+                  slots_per_node=pick(job.slots_per_node), node_components=pick(job.node_components),
+                  node_index=0, rank=0, local_rank=0)
     hosts = {p.node: p.host for p in plan.processes}
     # The first process holds the first node's first port: the base every generation shares.
-    return build_plan(sub, plan.layout, plan.processes[0].port, plan.protocol, hosts)
+    return build_plan(sub, plan.layout, plan.processes[0].port, plan.protocol, hosts, plan.roles)
 
 
-def _check_equal_gpus(job: JobInfo, layout: str) -> None:
-    """TensorFlow needs the same number of GPUs per worker in these layouts."""
+def _check_equal_gpus(job: JobInfo, layout: str, computes: Sequence[bool]) -> None:
+    """TensorFlow needs the same number of GPUs per worker in these layouts (``computes``:
+    the nodes that run workers)."""
     if layout in ("worker-per-gpu", "jax-per-gpu"):
         return
-    counts = {node: len(g) for node, g in zip(job.nodes, job.node_gpus)}
+    counts = {node: len(g) for node, g, works in zip(job.nodes, job.node_gpus, computes) if works}
     if len(set(counts.values())) > 1:
         detail = ", ".join(f"{node}={n}" for node, n in counts.items())
         raise ClusterConfigError(

@@ -14,7 +14,7 @@ from cluster_parsers import FORCE_VAR, ClusterConfigError, ClusterParser, JobInf
 from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
 from ..contract import KERAS_BACKEND_VAR, plan_json
 from ..logs import configure_launcher
-from ..plan import Plan, build_plan, check_task_counts, tasks_mode
+from ..plan import Plan, build_plan, check_task_counts, component_roles, tasks_mode
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,9 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--require-gpus", action="store_true", default=None,
                    help="stop the job (exit 2) when a process the plan gives GPUs sees fewer (a TensorFlow without "
                         "CUDA, no driver, a wrong CUDA_VISIBLE_DEVICES); default: one warning line, and it trains on the CPU")
+    p.add_argument("--component-roles", default=None, metavar="ROLES",
+                   help="a heterogeneous job (sbatch -N2 : -N1): what each component's nodes run, 'workers' or 'ps', "
+                        "e.g. workers,ps (default: the first component computes, the others hold the parameter servers)")
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
@@ -95,7 +98,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout", "require_gpus")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout", "require_gpus", "component_roles")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 
@@ -168,13 +171,17 @@ def check_join(options: Options, job: JobInfo) -> None:
                                  "cannot join it.", "start the joining agent on another of the job's nodes (-w NODE).")
 
 
-def format_table(plan: Plan) -> str:
+def format_table(plan: Plan, job: JobInfo) -> str:
     """The human-readable plan."""
     rows = [("NODE", "JOB", "INDEX", "ADDRESS", "GPUS")]
     rows += [(p.node, p.job, str(p.index), p.address, ",".join(p.gpus) or "-") for p in plan.processes]
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     head = (f"{plan.scheduler} job {plan.job_id}: layout {plan.layout}, {len(plan.nodes)} node(s), "
             f"{len(plan.processes)} process(es), protocol {plan.protocol}")
+    if plan.roles:
+        members = [",".join(n for n, c in zip(job.nodes, job.node_components) if c == i) for i in range(len(plan.roles))]
+        head += "\nheterogeneous job (" + job.components_source + "): " + "; ".join(
+            f"component {i} ({nodes}) runs {role}" for i, (nodes, role) in enumerate(zip(members, plan.roles)))
     return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows])
 
 
@@ -200,12 +207,13 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             parser = choose_parser(scheduler, options, args, env)
             job = parser.join_info() if args.join else parser.parse()
             hosts = None
-        plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts)
+        roles = component_roles(job, options.layout, options.component_roles)
+        plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts, roles)
         hint = parser.agent_launch_hint if parser else "use --nodes."
         check_min_nodes(options, job)
         if args.plan:
             check_task_counts(job, plan, hint)
-            print(json.dumps(plan_json(plan)) if args.format == "json" else format_table(plan))
+            print(json.dumps(plan_json(plan)) if args.format == "json" else format_table(plan, job))
             return 0
         mode = tasks_mode(job, plan, hint)
         check_min_nodes(options, job, mode, bool(args.check or args.script is None))

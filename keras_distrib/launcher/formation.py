@@ -36,8 +36,16 @@ logger = logging.getLogger(__name__)
 
 
 def plan_digest(plan: Plan) -> str:
-    """A short fingerprint of the plan, so agents can check they agree without sending it."""
-    return hashlib.sha256(json.dumps(plan.to_json(), sort_keys=True).encode()).hexdigest()
+    """A short fingerprint of the plan, so agents can check they agree without sending it.
+
+    In a heterogeneous job each component's agents see only their own GPUs, and a node's
+    GPU ids concern only its own agent (the plan's cluster does not hold them): they are
+    left out there.
+    """
+    data = plan.to_json()
+    if plan.roles:
+        data["processes"] = [{k: v for k, v in p.items() if k != "gpus"} for p in data["processes"]]
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -153,7 +161,7 @@ def peer_event(report: control.PeerReport) -> Event | None:
 
 def readdressed(job: JobInfo, plan: Plan, hosts: Mapping[str, str]) -> Plan:
     """The same plan with the nodes reached at ``hosts`` (interface addresses)."""
-    return build_plan(job, plan.layout, plan.processes[0].port, plan.protocol, hosts)
+    return build_plan(job, plan.layout, plan.processes[0].port, plan.protocol, hosts, plan.roles)
 
 
 def form_job(

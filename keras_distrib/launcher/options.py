@@ -52,6 +52,9 @@ class Options:
     # A process the plan gives GPUs exits with code 2 when TensorFlow (or JAX) sees fewer,
     # instead of warning and training on the CPU (keras_distrib/gpus.py).
     require_gpus: bool = False
+    # A heterogeneous job: what each component's nodes run, "workers,ps" (None: the first
+    # component computes, the others hold the parameter servers; keras_distrib/plan.py).
+    component_roles: str | None = None
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -86,7 +89,8 @@ def load_config(path: str) -> dict[str, Any]:
 
 
 #: Examples for HINTs where the default (None) shows nothing.
-_EXAMPLES: dict[str, Any] = {"port_base": 23000, "interface": "ib0", "scheduler": "pbs", "log_dir": "logs"}
+_EXAMPLES: dict[str, Any] = {"port_base": 23000, "interface": "ib0", "scheduler": "pbs", "log_dir": "logs",
+                             "component_roles": "workers,ps"}
 
 
 def _example(name: str) -> str:

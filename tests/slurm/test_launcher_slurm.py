@@ -388,3 +388,63 @@ def test_allreduce_layout(slurm_cluster: SlurmTestCluster, work: Path) -> None:
         assert line.endswith(f" nccl_if {iface}"), line
     assert error_lines(out) == []
     assert_nothing_left(slurm_cluster)
+
+
+# -- f: a heterogeneous job: the workers on two nodes, the parameter server alone on a third -------
+
+
+def node_of_each_task(cluster: SlurmTestCluster, seen: set[str]) -> dict[str, set[str]]:
+    """The nodes each task (``ps:0``) of the ``seen`` server processes ran on (by network namespace)."""
+    nodes = {os.stat(f"/run/netns/{cluster.prefix}-{n}").st_ino: n for n in NODES}
+    tasks: dict[str, set[str]] = {}
+    for entry in seen:
+        pid = int(entry.split()[0])
+        try:
+            node = nodes.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        task = next((v.split(b"=", 1)[1].decode() for v in env if v.startswith(b"KERAS_DISTRIB_TASK=")), None)
+        if node and task:
+            tasks.setdefault(task, set()).add(node)
+    return tasks
+
+
+class TaskWatch(ServerWatch):
+    """Also records where each server process ran, while it runs."""
+
+    def __init__(self, cluster: SlurmTestCluster) -> None:
+        super().__init__(cluster)
+        self.where: dict[str, set[str]] = {}
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for task, nodes in node_of_each_task(self.cluster, set(
+                    self.cluster.processes_matching(r"-m keras_distrib\.servers"))).items():
+                self.where.setdefault(task, set()).update(nodes)
+            time.sleep(0.05)
+
+
+HETEROGENEOUS = REPO / "scripts" / "sbatch" / "ps-on-cpu-nodes.sbatch"
+
+
+def test_a_heterogeneous_job_puts_the_parameter_server_alone_on_its_component(slurm_cluster: SlurmTestCluster,
+                                                                              work: Path) -> None:
+    """`sbatch -c2 -N2 : -c1 -N1 ps-on-cpu-nodes.sbatch train.py`: the chief and the two workers
+    on n1, n2 and ps:0 alone on n3; training to the end, exit 0, nothing left."""
+    out, ended = work / "het.out", work / "het.ended"
+    with TaskWatch(slurm_cluster) as watch:
+        # The command line's components override the template's (2 CPUs per node on this cluster).
+        job = sbatch_template(slurm_cluster, HETEROGENEOUS, ["-o", str(out), "--cpus-per-task=2", "--nodes=2", ":",
+                                                             "--cpus-per-task=1", "--nodes=1"],
+                              ["train.py", "30", "0.05", str(ended)], work)
+        try:
+            result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
+        finally:
+            slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text = out.read_text(errors="replace")
+    assert result == "COMPLETED" and result.exit_code == 0, (result, text)
+    assert "[n1 chief:0] role chief:0 workers 2 ps 1" in text and "[n1 chief:0] trained 30 steps" in text, text
+    assert watch.where == {"ps:0": {"n3"}, "worker:0": {"n1"}, "worker:1": {"n2"}}, (watch.where, text)
+    assert error_lines(text) == [], text
+    assert_nothing_left(slurm_cluster, job)

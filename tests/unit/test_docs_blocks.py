@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _unit_helpers import REPO, run_cli
+from _unit_helpers import REPO, fixture_env, run_cli
 from docs_blocks import all_blocks, command_lines, docs_block, pages
 
 from keras_distrib.launcher.options import Options, load_config, validate
@@ -119,3 +119,9 @@ def test_lists_start_after_a_blank_line(page: str) -> None:
 def test_python_blocks_compile(page: str) -> None:
     for block in (b for b in BLOCKS if b.page == page and b.lang == "python"):
         compile(block.code, block.where(), "exec")
+
+
+def test_heterogeneous_plan_example_is_what_plan_prints() -> None:
+    out = run_cli(fixture_env("slurm_het_batch"), "--plan")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == docs_block("het-plan")

@@ -52,6 +52,7 @@ TEMPLATES = [
     Template("scripts/sbatch/allreduce.sbatch", "keras_distrib.slurm", "allreduce", "#SBATCH"),
     Template("scripts/sbatch/jax.sbatch", "keras_distrib.slurm", "jax", "#SBATCH"),
     Template("scripts/sbatch/elastic.sbatch", "keras_distrib.slurm", '"$LAYOUT"', "#SBATCH"),
+    Template("scripts/sbatch/ps-on-cpu-nodes.sbatch", "keras_distrib.slurm", "ps-per-node", "#SBATCH"),
     Template("scripts/pbs/ps-per-node.pbs", "keras_distrib.pbs", "ps-per-node", "#PBS"),
     Template("scripts/sge/ps-per-node.sge", "keras_distrib.sge", "ps-per-node", "#$"),
     Template("scripts/pbs/elastic.pbs", "keras_distrib.pbs", '"$LAYOUT"', "#PBS"),
@@ -167,8 +168,26 @@ def run_template(template: Template, tmp_path: Path, env: dict[str, str], args: 
     return p.returncode, calls, p.stderr
 
 
+HETEROGENEOUS = next(t for t in TEMPLATES if t.path.endswith("ps-on-cpu-nodes.sbatch"))
+HOMOGENEOUS_SLURM = [t for t in SLURM if t is not HETEROGENEOUS]
+
+
 @needs_bash
-@pytest.mark.parametrize("template", SLURM, ids=[Path(t.path).name for t in SLURM])
+@pytest.mark.parametrize("rc", [0, 3])
+def test_the_heterogeneous_template_starts_an_agent_on_each_component_with_its_cpus(tmp_path: Path, rc: int) -> None:
+    env = {"SLURM_CPUS_PER_TASK_HET_GROUP_0": "8", "SLURM_CPUS_PER_TASK_HET_GROUP_1": "2"}
+    code, calls, err = run_template(HETEROGENEOUS, tmp_path, env, ARGS, rc)
+    assert code == rc, err
+    agent = [str(tmp_path / "bin" / "mypython"), "-m", "keras_distrib.slurm", "--layout", "ps-per-node", "--requeue",
+             *ARGS]
+    assert calls == [["srun", "--ntasks-per-node=1", "--cpus-per-task=8", *agent,
+                      ":", "--ntasks-per-node=1", "--cpus-per-task=2", *agent]]
+    text = HETEROGENEOUS.file.read_text()
+    assert text.index("#SBATCH --nodes=2") < text.index("#SBATCH hetjob\n") < text.index("#SBATCH --nodes=1")
+
+
+@needs_bash
+@pytest.mark.parametrize("template", HOMOGENEOUS_SLURM, ids=[Path(t.path).name for t in HOMOGENEOUS_SLURM])
 @pytest.mark.parametrize("rc", [0, 3])
 def test_sbatch_runs_srun_with_the_arguments(template: Template, tmp_path: Path, rc: int) -> None:
     env = {"SLURM_JOB_NUM_NODES": "3", "SLURM_CPUS_PER_TASK": "2"}

@@ -114,13 +114,20 @@ def test_tasks_count_error_never_prints_none() -> None:
     assert "None" not in str(err.value) and "SLURM_NTASKS=3" in str(err.value)
 
 
-def test_heterogeneous_salloc_shell_says_what_is_missing() -> None:
-    # Slurm heterogeneous_jobs.html: per-component variables end in _HET_GROUP_<n>.
+def test_heterogeneous_salloc_shell_is_the_whole_job() -> None:
+    # Slurm heterogeneous_jobs.html: per-component variables end in _HET_GROUP_<n>; a salloc
+    # shell on a login node has no SLURMD_NODENAME.
+    job = parse_job(environ=fixture_env("slurm_het_salloc"))
+    assert (job.nodes, job.node_components, job.tasks_launched) == (("n1", "n2", "n3"), (0, 1, 1), False)
+
+
+def test_component_variables_without_the_component_count_say_what_is_missing() -> None:
+    env = {k: v for k, v in fixture_env("slurm_het_salloc").items() if k != "SLURM_HET_SIZE"}
     with pytest.raises(ClusterConfigError) as err:
-        parse_job(environ=fixture_env("slurm_het_salloc"))
+        parse_job(environ=env)
     message = str(err.value)
-    assert "heterogeneous" in message and "SLURM_HET_SIZE=2" in message and "SLURM_JOB_NODELIST" in message
-    assert "not in a Slurm job" not in message
+    assert "heterogeneous" in message and "SLURM_HET_SIZE" in message and "SLURM_JOB_NODELIST" in message
+    assert "HINT: run inside the job's own shell, or start the agents with srun --het-group=0,1" in message
 
 
 # --- the rule, for every scheduler ------------------------------------------------------
@@ -231,6 +238,11 @@ LAUNCH_VECTORS: dict[str, tuple[type[ClusterParser], list[dict[str, str]], tuple
                                    ("node01", "node02")),
     "jsrun -r1 -a1": (LsfParser, ranks("lsf_jsrun_r1_a1", ("JSM_NAMESPACE_RANK",), 2), ("hostA", "hostB")),
     "bsub": (LsfParser, [fixture_env("lsf_mcpu")], ()),
+    # A heterogeneous job (sbatch -N2 : -N1), recorded on the test cluster; n2's task differs from n1's by its ids.
+    "srun --het-group=0,1 --ntasks-per-node=1": (SlurmParser, [
+        fixture_env("slurm_het_step_n1"),
+        fixture_env("slurm_het_step_n1", SLURMD_NODENAME="n2", SLURM_NODEID="1", SLURM_PROCID="1", SLURM_GTIDS="1"),
+        fixture_env("slurm_het_step_n3")], ("n1", "n2", "n3")),
     # --join (docs/faults.md): srun --jobid=J -N1 -w n3 --overlap from the head node, recorded on the test cluster.
     "srun --jobid=": (SlurmParser, [fixture_env("slurm_join_step")], ("n3",)),
     "tasks_per_node: 1": (StaticParser, [{"KERAS_DISTRIB_HOSTS_FILE": STATIC_HOSTS, "KERAS_DISTRIB_RANK": str(r)}

@@ -149,3 +149,50 @@ def test_a_joining_step_sees_the_job_as_its_agents_did() -> None:
 def test_joining_on_a_node_outside_the_job_names_it() -> None:
     with pytest.raises(ClusterConfigError, match=r"SLURMD_NODENAME='n9' is not in SLURM_NODELIST='n\[1-3\]'"):
         SlurmParser(fixture_env("slurm_join_step", SLURMD_NODENAME="n9")).join_info()
+
+
+# --- heterogeneous jobs (sbatch -N2 : -N1), recorded on the test cluster -------------------
+
+@pytest.mark.parametrize(("fixture", "nodes", "components", "node", "launched"), [
+    ("slurm_het_batch", ("n1", "n2", "n3"), (0, 0, 1), "n1", False),  # its SLURM_JOB_NODELIST is n[1-2] only
+    ("slurm_het_step_n1", ("n1", "n2", "n3"), (0, 0, 1), "n1", True),
+    ("slurm_het_step_n3", ("n1", "n2", "n3"), (0, 0, 1), "n3", True),
+    # -w n3 -N1 : -N2: the step's list is sorted (n[1-3]); the components say n3 comes first.
+    ("slurm_het_reversed_step_n1", ("n3", "n1", "n2"), (0, 1, 1), "n1", True),
+])
+def test_a_heterogeneous_job_is_every_component_in_order(fixture: str, nodes: tuple[str, ...],
+                                                          components: tuple[int, ...], node: str,
+                                                          launched: bool) -> None:
+    job = parse(fixture_env(fixture))
+    assert (job.nodes, job.node_components, job.node, job.tasks_launched) == (nodes, components, node, launched)
+    assert job.num_components == 2 and job.components_source == "SLURM_JOB_NODELIST_HET_GROUP_0..1"
+    assert job.rank == job.node_index and job.tasks_per_node == (1, 1, 1)
+
+
+def test_the_agents_of_every_component_plan_the_same_cluster() -> None:
+    from keras_distrib.launcher.formation import plan_digest
+    from keras_distrib.plan import build_plan, component_roles
+
+    plans = []
+    for fixture, gpus in (("slurm_het_step_n1", "0,1"), ("slurm_het_step_n3", "")):  # GPUs on component 0 only
+        job = parse(fixture_env(fixture, CUDA_VISIBLE_DEVICES=gpus))
+        plans.append(build_plan(job, "ps-per-node", roles=component_roles(job, "ps-per-node")))
+    hosts = {job: [a.split(":")[0] for a in addresses] for job, addresses in plans[0].cluster_spec().items()}
+    assert hosts == {"chief": ["n1"], "ps": ["n3"], "worker": ["n1", "n2"]}
+    assert plans[0].cluster_spec() == plans[1].cluster_spec()
+    assert plan_digest(plans[0]) == plan_digest(plans[1])
+    assert plans[0].find("worker", 1).gpus == ("0", "1")  # the workers' agents know their GPUs
+
+
+def test_a_plain_srun_in_a_heterogeneous_job_is_refused_with_the_het_group_form() -> None:
+    env = fixture_env("slurm_het_step_n1", SLURM_STEP_NODELIST="n[1-2]", SLURM_STEP_TASKS_PER_NODE="1(x2)")
+    with pytest.raises(ClusterConfigError, match=r"SLURM_STEP_NODELIST='n\[1-2\]' runs on 2 of the 3 nodes of this "
+                                                 r"heterogeneous job .*HINT: .*srun --het-group=0,1"):
+        parse(env)
+
+
+def test_a_node_in_two_components_is_refused() -> None:
+    env = fixture_env("slurm_het_batch", SLURM_JOB_NODELIST_HET_GROUP_1="n2")
+    with pytest.raises(ClusterConfigError, match=r"SLURM_JOB_NODELIST_HET_GROUP_1='n2' holds n2, which component 0 "
+                                                 r"holds too. HINT: give each component its own nodes"):
+        parse(env)
