@@ -55,8 +55,13 @@ class JobInfo:
     #: The component of a heterogeneous job each node belongs to (Slurm's het group, PBS's
     #: chunk); all 0 in a plain job.
     node_components: tuple[int, ...] = field(default=())
-    #: Where the components came from, for messages, e.g. "SLURM_JOB_NODELIST_HET_GROUP_0/1".
+    #: Where the components came from, for messages, e.g. "SLURM_JOB_NODELIST_HET_GROUP_0..1".
     components_source: str = ""
+    #: Ports the scheduler reserved for this step on every node (Slurm's ``srun
+    #: --resv-ports``), in order; () when it reserved none.
+    reserved_ports: tuple[int, ...] = ()
+    #: Where they came from, e.g. "SLURM_STEP_RESV_PORTS='12003-12022'".
+    reserved_ports_source: str = ""
 
     def __post_init__(self) -> None:
         if not self.node_gpus:
@@ -149,10 +154,21 @@ class ClusterParser(ABC):
 
     # Helpers shared by parsers -------------------------------------------------
 
+    #: The variable holding the ports the scheduler reserved for the step (None: it has none).
+    reserved_ports_var: str | None = None
+
+    def reserved_ports(self) -> tuple[tuple[int, ...], str]:
+        """The ports the scheduler reserved for this step, and their source ((), "" if none)."""
+        value = self.env.get(self.reserved_ports_var or "", "").strip()
+        if not value:
+            return (), ""
+        return expand_ports(self.reserved_ports_var or "", value), f"{self.reserved_ports_var}={value!r}"
+
     def job_info(self, job_id: str, nodes: Sequence[str], slots: Sequence[int], tasks: Tasks,
                  gpus: tuple[str, ...]) -> JobInfo:
         """The JobInfo of nodes with ``slots``, placed by the launched-task rule (tasks.py),
         every node with the same ``gpus``."""
+        ports, ports_source = self.reserved_ports()
         return JobInfo(
             scheduler=self.name,
             job_id=job_id,
@@ -165,6 +181,8 @@ class ClusterParser(ABC):
             tasks_launched=tasks.launched,
             slots_per_node=tuple(slots),
             node_gpus=tuple(gpus for _ in nodes),
+            reserved_ports=ports,
+            reserved_ports_source=ports_source,
         )
 
     def require(self, *names: str, hint: str) -> tuple[str, str]:
@@ -299,6 +317,20 @@ def split_gpu_ids(var: str, value: str) -> tuple[str, ...]:
             f"{var}={value!r} is not a list of GPU ids.", "expected ids like 0,1 or 2,3 (or GPU-/MIG- UUIDs)."
         )
     return ids
+
+
+def expand_ports(var: str, value: str) -> tuple[int, ...]:
+    """``12000-12003,12010`` -> the ports, in order; refused when malformed or out of range."""
+    ports: list[int] = []
+    for part in value.replace(" ", "").split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()) or int(high or low) < int(low) \
+                or int(high or low) - int(low) > 65535:
+            raise ClusterConfigError(f"{var}={value!r} is not a list of port ranges.", "expected e.g. 12000-12019.")
+        ports += range(int(low), int(high or low) + 1)
+    if not all(1 <= p <= 65535 for p in ports):
+        raise ClusterConfigError(f"{var}={value!r} holds a port outside 1-65535.", "expected e.g. 12000-12019.")
+    return tuple(ports)
 
 
 def node_of_rank(rank: int, tasks_per_node: tuple[int, ...] | list[int]) -> tuple[int, int]:

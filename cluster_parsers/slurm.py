@@ -46,6 +46,8 @@ class SlurmParser(ClusterParser):
     # node's global ids ("not relative to any device cgroup", sbatch(1)).
     gpu_vars = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
     gpu_count_var = "SLURM_GPUS_ON_NODE"
+    # srun --resv-ports (MpiParams=ports= in slurm.conf): the same ports on every node of the step.
+    reserved_ports_var = "SLURM_STEP_RESV_PORTS"
 
     het_srun_agents = "srun --het-group=0,1 --ntasks-per-node=1 python -m keras_distrib.slurm ..."
 
@@ -190,11 +192,13 @@ class SlurmParser(ClusterParser):
                                      f"start it inside the job: {self.het_srun_agents}")
         gpus = self._gpus()  # this node's: each component's agents know their own component's GPUs only
         mine = components[node_index]
+        ports, ports_source = self.reserved_ports()
         return JobInfo(
             scheduler=self.name, job_id=job_id, nodes=tuple(nodes), tasks_per_node=tuple(slots),
             rank=sum(slots[:node_index]) + local_rank, local_rank=local_rank, node_index=node_index,
             node_gpus=tuple(gpus if c == mine else () for c in components), tasks_source=where,
             tasks_launched=launched, node_components=tuple(components), components_source=source,
+            reserved_ports=ports, reserved_ports_source=ports_source,
         )
 
     def _refuse_heterogeneous_job(self, nodes_var: str) -> None:

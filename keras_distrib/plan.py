@@ -6,9 +6,10 @@ description, without talking to the others. Never imports TensorFlow.
 
 from __future__ import annotations
 
+import collections
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -66,6 +67,8 @@ class Plan:
     processes: tuple[Process, ...]
     #: The role of each component of a heterogeneous job (`component_roles`); () in a plain job.
     roles: tuple[str, ...] = ()
+    #: Where the ports came from (`choose_port_base`), for --plan.
+    ports_source: str = field(default="", compare=False)
 
     def cluster_spec(self) -> dict[str, list[str]]:
         spec: dict[str, list[str]] = {}
@@ -223,6 +226,39 @@ def derive_port_base(job_id: str, override: int | None = None) -> int:
     return PORT_RANGE_START + (number % PORT_BLOCKS) * PORT_BLOCK
 
 
+#: Ports a plan needs on a host beyond its processes': the agents' control port, and the
+#: cluster check's extra client (allreduce has no chief) one past it.
+EXTRA_PORTS = 2
+
+
+@dataclass(frozen=True)
+class PortBlock:
+    """The ports of a job's plan on each host: from ``base``, ``size`` of them (None: up to
+    65535, as --port-base asks), and where they came from (`choose_port_base`)."""
+
+    base: int
+    size: int | None
+    source: str
+
+
+def choose_port_base(job: JobInfo, override: int | None, needed: int) -> PortBlock:
+    """``override`` (--port-base); else the ports the scheduler reserved for the step when
+    they hold the ``needed`` ones in a row; else the block derived from the job id."""
+    if override is not None:
+        return PortBlock(derive_port_base(job.job_id, override), None,
+                         f"--port-base / KERAS_DISTRIB_PORT_BASE={override}")
+    ports = job.reserved_ports
+    in_a_row = next((i for i in range(1, len(ports)) if ports[i] != ports[i - 1] + 1), len(ports))
+    if in_a_row >= needed:
+        return PortBlock(ports[0], in_a_row, f"{job.reserved_ports_source}, reserved for this step by the scheduler")
+    base = derive_port_base(job.job_id)
+    source = f"the block derived from job id {job.job_id} ({base}-{base + PORT_BLOCK - 1})"
+    if ports:
+        source += (f"; {job.reserved_ports_source} holds {in_a_row} port(s) in a row, fewer than the {needed} "
+                   f"this plan needs on a host (srun --resv-ports={needed} reserves them)")
+    return PortBlock(base, PORT_BLOCK, source)
+
+
 def build_plan(
     job: JobInfo,
     layout: str = "ps-per-node",
@@ -237,31 +273,33 @@ def build_plan(
     or ``localhost`` in local mode); by default the node name itself. ``roles``: what each
     component of a heterogeneous job runs (`component_roles`).
     """
-    base = derive_port_base(job.job_id, port_base)
     node_role = [roles[c] if roles else BOTH_ROLES for c in job.node_components]
     _check_equal_gpus(job, layout, [r != PS_ROLE for r in node_role])
+    placed = [(node_index, node, (hosts or {}).get(node, node), role, gpus)
+              for node_index, node in enumerate(job.nodes)
+              for role, gpus in node_roles(layout, node_index, job.node_gpus[node_index], node_role[node_index])]
+    per_host = collections.Counter(host for _, _, host, _, _ in placed)
+    block = choose_port_base(job, port_base, max(per_host.values(), default=0) + EXTRA_PORTS)
     next_slot: dict[str, int] = {}
     counters = {CHIEF: 0, PS: 0, WORKER: 0}
     processes = []
-    for node_index, node in enumerate(job.nodes):
-        host = (hosts or {}).get(node, node)
-        for role, gpus in node_roles(layout, node_index, job.node_gpus[node_index], node_role[node_index]):
-            slot = next_slot.get(host, 0)
-            next_slot[host] = slot + 1
-            port = base + slot
-            if port_base is None and slot >= PORT_BLOCK - 1:  # the last port is the agents' control port
-                raise ClusterConfigError(
-                    f"{host} needs more than the {PORT_BLOCK - 1} ports of the block derived from job id {job.job_id}.",
-                    "pass --port-base (or KERAS_DISTRIB_PORT_BASE) with a free range for this job.",
-                )
-            if port > MAX_PORT:
-                raise ClusterConfigError(
-                    f"--port-base / KERAS_DISTRIB_PORT_BASE={base} leaves no port for {role}:{counters[role]} on {host} "
-                    f"(needs {base}+{slot} > {MAX_PORT}).",
-                    f"pass a lower --port-base (or KERAS_DISTRIB_PORT_BASE), e.g. {PORT_RANGE_START}.",
-                )
-            processes.append(Process(node, node_index, role, counters[role], host, port, gpus))
-            counters[role] += 1
+    for node_index, node, host, role, gpus in placed:
+        slot = next_slot.get(host, 0)
+        next_slot[host] = slot + 1
+        port = block.base + slot
+        if block.size is not None and slot >= block.size - 1:  # the last port is the agents' control port
+            raise ClusterConfigError(
+                f"{host} needs more than the {block.size - 1} ports of {block.source}.",
+                "pass --port-base (or KERAS_DISTRIB_PORT_BASE) with a free range for this job.",
+            )
+        if port > MAX_PORT:
+            raise ClusterConfigError(
+                f"--port-base / KERAS_DISTRIB_PORT_BASE={block.base} leaves no port for {role}:{counters[role]} on "
+                f"{host} (needs {block.base}+{slot} > {MAX_PORT}).",
+                f"pass a lower --port-base (or KERAS_DISTRIB_PORT_BASE), e.g. {PORT_RANGE_START}.",
+            )
+        processes.append(Process(node, node_index, role, counters[role], host, port, gpus))
+        counters[role] += 1
     if roles and (not counters[PS] or not counters[WORKER]):
         missing = "parameter-server" if not counters[PS] else "workers"
         raise ClusterConfigError(
@@ -269,7 +307,7 @@ def build_plan(
             f"({', '.join(f'{n}={r}' for n, r in zip(job.nodes, node_role))}).",
             "the job needs a node in each component; resubmit it (or requeue: --requeue).",
         )
-    return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes), roles)
+    return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes), roles, block.source)
 
 
 def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:

@@ -182,7 +182,8 @@ def format_table(plan: Plan, job: JobInfo) -> str:
         members = [",".join(n for n, c in zip(job.nodes, job.node_components) if c == i) for i in range(len(plan.roles))]
         head += "\nheterogeneous job (" + job.components_source + "): " + "; ".join(
             f"component {i} ({nodes}) runs {role}" for i, (nodes, role) in enumerate(zip(members, plan.roles)))
-    return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows])
+    table = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join([head, *table, f"ports: {plan.ports_source}"])
 
 
 def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: bool = False) -> int:

@@ -544,6 +544,8 @@ SelectTypeParameters=CR_Core
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MpiDefault=none
+# Ports Slurm reserves for a step that asks (srun --resv-ports): SLURM_STEP_RESV_PORTS.
+MpiParams=ports=12000-12999
 MailProg=/bin/true
 ReturnToService=2
 KillWait=5

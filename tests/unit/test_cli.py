@@ -83,8 +83,9 @@ def test_plan_table() -> None:
     assert lines[1].split() == ["NODE", "JOB", "INDEX", "ADDRESS", "GPUS"]
     expected = [[p["node"], p["job"], str(p["index"]), p["address"], ",".join(p["gpus"]) or "-"]
                 for p in plan_json(env, module="keras_distrib.slurm")["processes"]]
-    assert [line.split() for line in lines[2:]] == expected
+    assert [line.split() for line in lines[2:-1]] == expected
     assert "4711" in lines[0] and "ps-per-node" in lines[0]
+    assert lines[-1] == "ports: the block derived from job id 4711 (24220-24239)"
 
 
 @pytest.mark.parametrize("layout", ["ps-per-node", "worker-per-gpu", "allreduce"])

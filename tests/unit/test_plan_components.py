@@ -82,3 +82,41 @@ def test_survivors_keep_their_roles_and_a_lost_ps_component_is_named() -> None:
     with pytest.raises(ClusterConfigError, match=r"none of the job's 2 node\(s\) is left in a parameter-server "
                                                  r"component \(n1=workers, n2=workers\)"):
         survivors_plan(plan, job, ["n1", "n2"])
+
+
+# --- ports the scheduler reserved for the step (srun --resv-ports) ------------------------------
+
+def test_reserved_ports_are_read_from_the_step() -> None:
+    from _unit_helpers import fixture_env
+
+    from cluster_parsers import SlurmParser
+
+    job = SlurmParser(fixture_env("slurm_het_step_n3", SLURM_STEP_RESV_PORTS="12003-12005,12007")).parse()
+    assert job.reserved_ports == (12003, 12004, 12005, 12007)
+    assert job.reserved_ports_source == "SLURM_STEP_RESV_PORTS='12003-12005,12007'"
+    assert SlurmParser(fixture_env("slurm_step_task0", SLURM_STEP_RESV_PORTS="12003-12022")).parse().reserved_ports[-1] \
+        == 12022
+    for bad in ("12005-12003", "ports", "12000-70000"):
+        with pytest.raises(ClusterConfigError, match=rf"SLURM_STEP_RESV_PORTS='{bad}' .*HINT: expected e.g. 12000-12019"):
+            SlurmParser(fixture_env("slurm_step_task0", SLURM_STEP_RESV_PORTS=bad)).parse()
+
+
+@pytest.mark.parametrize(("reserved", "first_port", "source"), [
+    (range(12003, 12023), 12003, "SLURM_STEP_RESV_PORTS='r', reserved for this step by the scheduler"),
+    (range(12003, 12008), 12003, "SLURM_STEP_RESV_PORTS='r', reserved for this step by the scheduler"),  # 3 + 2
+    # Slurm's default for a step (tasks per node + 1): too few, so the job-id block.
+    (range(12001, 12003), 24220, "the block derived from job id 4711 (24220-24239); SLURM_STEP_RESV_PORTS='r' holds "
+                                 "2 port(s) in a row, fewer than the 5 this plan needs on a host (srun "
+                                 "--resv-ports=5 reserves them)"),
+    ((12003, 12004, 12005, 12006, 12010), 24220, None),  # not 5 in a row
+])
+def test_the_plan_uses_reserved_ports_when_they_hold_what_it_needs(reserved: range, first_port: int,
+                                                                   source: str | None) -> None:
+    job = JobInfo("slurm", "4711", ("n1", "n2"), (1, 1), reserved_ports=tuple(reserved),
+                  reserved_ports_source="SLURM_STEP_RESV_PORTS='r'")
+    plan = build_plan(job, "ps-per-node")
+    assert [p.port for p in plan.processes] == [first_port + i for i in (0, 1, 2, 0, 1)]
+    assert plan.control_port() == first_port + 3
+    if source is not None:
+        assert plan.ports_source == source
+    assert build_plan(job, "ps-per-node", port_base=23000).processes[0].port == 23000  # --port-base wins
