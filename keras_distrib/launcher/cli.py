@@ -74,6 +74,8 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
+        p.add_argument("--ps-nodes", type=int, default=0, metavar="N",
+                       help="emulate a heterogeneous job: the last N nodes hold only parameter servers (default 0)")
         p.add_argument("--no-isolation", dest="isolate", action="store_false", default=None,
                        help="share this machine's network (default: a private loopback-only network; "
                             "needed if SCRIPT downloads data)")
@@ -125,13 +127,20 @@ def choose_parser(entry: str | None, options: Options, args: argparse.Namespace,
     return get_parser(chosen, environ)
 
 
-def local_job(nodes: int, gpus_per_node: str, job_id: str) -> JobInfo:
-    """N emulated nodes on this machine."""
+def local_job(nodes: int, gpus_per_node: str, job_id: str, ps_nodes: int = 0) -> JobInfo:
+    """N emulated nodes on this machine; the last ``ps_nodes`` of them a second component (a
+    heterogeneous job's parameter-server nodes, without GPUs)."""
     if nodes < 1:
         raise ClusterConfigError(f"--nodes={nodes} must be at least 1.", "e.g. --nodes 2.")
+    if not 0 <= ps_nodes < nodes:
+        raise ClusterConfigError(f"--ps-nodes={ps_nodes} must be at least 0 and below --nodes={nodes}.",
+                                 "e.g. --nodes 3 --ps-nodes 1: two worker nodes and one parameter-server node.")
     gpus = tuple(g for g in gpus_per_node.split(",") if g)
     names = tuple(f"local{i}" for i in range(nodes))
-    return JobInfo("local", job_id, names, (1,) * nodes, node_gpus=tuple(gpus for _ in names))
+    components = tuple(int(i >= nodes - ps_nodes) if ps_nodes else 0 for i in range(nodes))
+    return JobInfo("local", job_id, names, (1,) * nodes, node_gpus=tuple(() if c else gpus for c in components),
+                   node_components=components,
+                   components_source=f"--nodes {nodes} --ps-nodes {ps_nodes}" if ps_nodes else "")
 
 
 def check_min_nodes(options: Options, job: JobInfo, mode: str | None = None, check: bool = False) -> None:
@@ -202,7 +211,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
                     "remove the key, or run python -m keras_distrib on the cluster.",
                 )
             parser: ClusterParser | None = None
-            job = local_job(args.nodes, args.gpus_per_node, str(os.getpid()))
+            job = local_job(args.nodes, args.gpus_per_node, str(os.getpid()), args.ps_nodes)
             hosts = {n: "127.0.0.1" for n in job.nodes}
         else:
             parser = choose_parser(scheduler, options, args, env)

@@ -52,6 +52,14 @@ def test_digits_example_trains_and_saves(tmp_path: Path, layout: str, options: l
     assert model_path.exists()
 
 
+def test_digits_example_with_the_parameter_server_on_a_node_of_its_own(tmp_path: Path) -> None:
+    """A heterogeneous job emulated: two worker nodes, the ps alone on the third (docs/schedulers.md)."""
+    lines = run_example(tmp_path, ["--nodes", "3", "--ps-nodes", "1"], "digits_distrib.py", ["--epochs", "3", "--json"])
+    assert last_json(lines, "[local0 chief:0]")["test_accuracy"] > 0.8
+    serving = sorted(line.split("] ", 1)[0] + "]" for line in lines if "] serving " in line)
+    assert serving == ["[local0 worker:0]", "[local1 worker:1]", "[local2 ps:0]"], lines
+
+
 @pytest.mark.parametrize("script", ["mnist_distrib.py", "cifar10_cnn_distrib.py"])
 def test_image_examples_run_on_synthetic_data(tmp_path: Path, script: str) -> None:
     lines = run_example(tmp_path, ["--nodes", "2"], script, ["--synthetic", "--epochs", "1", "--steps-per-epoch", "6", "--verbose", "2"])

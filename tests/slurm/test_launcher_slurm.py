@@ -448,3 +448,62 @@ def test_a_heterogeneous_job_puts_the_parameter_server_alone_on_its_component(sl
     assert watch.where == {"ps:0": {"n3"}, "worker:0": {"n1"}, "worker:1": {"n2"}}, (watch.where, text)
     assert error_lines(text) == [], text
     assert_nothing_left(slurm_cluster, job)
+
+
+# -- g: two jobs on one node at once, with the ports Slurm reserves and without ----------------------
+
+BOTH_UP = '''
+"""Wait until every TF server of this job answers, say so, then until the other job did too."""
+import socket, sys, time
+from pathlib import Path
+import keras_distrib
+
+me, other = Path(sys.argv[1]), Path(sys.argv[2])
+plan = keras_distrib.cluster().plan
+addresses = [p.address for p in plan.processes if p.job != "chief"]
+deadline = time.monotonic() + 240
+for address in addresses:
+    host, port = address.rsplit(":", 1)
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, f"{address} never answered"
+            time.sleep(0.2)
+me.write_text(" ".join(addresses))
+while not other.exists():
+    assert time.monotonic() < deadline, "the other job never came up"
+    time.sleep(0.2)
+print(f"up {plan.job_id} {' '.join(addresses)}", flush=True)
+'''
+
+
+@pytest.mark.parametrize("reserve", [True, False], ids=["resv-ports", "job-id-block"])
+def test_two_jobs_on_one_node_at_once_never_share_a_port(slurm_cluster: SlurmTestCluster, work: Path,
+                                                         reserve: bool) -> None:
+    """Two one-node jobs on n1 at the same time, both with every server up before either
+    ends: with `srun --resv-ports` each plan takes Slurm's reserved ports (MpiParams=ports on
+    the test cluster); without, each takes the block of its job id."""
+    (work / "both_up.py").write_text(textwrap.dedent(BOTH_UP).lstrip())
+    tag = "resv" if reserve else "block"
+    flags = "--resv-ports=6 " if reserve else ""
+    jobs = []
+    for me, other in (("a", "b"), ("b", "a")):
+        up, out = work / f"{tag}-{me}.up", work / f"{tag}-{me}.out"
+        up.unlink(missing_ok=True)
+        script = (f"#!/bin/bash\nsrun -N1 --ntasks-per-node=1 {flags}python -m keras_distrib.slurm both_up.py {up} "
+                  f"{work / f'{tag}-{other}.up'}\n")
+        jobs.append((slurm_cluster.sbatch(script, "-N1", "-w", "n1", "-c1", "-o", str(out), cwd=work), out))
+    try:
+        results = [slurm_cluster.wait_job(job, timeout=TIMEOUT) for job, _ in jobs]
+    finally:
+        for job, _ in jobs:
+            slurm_cluster.head(["scancel", str(job)], timeout=30)
+    texts = [out.read_text(errors="replace") for _, out in jobs]
+    assert all(r == "COMPLETED" and r.exit_code == 0 for r in results), (results, texts)
+    ports = [set(int(a.rsplit(":", 1)[1]) for a in (work / f"{tag}-{me}.up").read_text().split()) for me in "ab"]
+    assert len(ports[0]) == len(ports[1]) == 2 and not ports[0] & ports[1], ports
+    in_resv = [all(12000 <= p <= 12999 for p in job_ports) for job_ports in ports]
+    assert in_resv == [reserve, reserve], (ports, texts)
+    assert_nothing_left(slurm_cluster)
