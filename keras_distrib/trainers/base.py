@@ -109,6 +109,9 @@ class Trainer:
     #: Seconds each worker of `worker_steps` was busy in that epoch (to its last step), where
     #: known: its steps/s is over those, so a smaller shard is not taken for a slow worker.
     worker_busy: dict[int, float] = {}
+    #: True when a worker failed in the last epoch and its closures ran again: the epoch's
+    #: per-worker rates measure the recovery, not a worker's speed (stragglers.py).
+    workers_recovered: bool = False
     #: The checkpoint keeper of the fit() in progress (None: no checkpoint_dir).
     _keeper: CheckpointKeeper | None = None
 
@@ -406,7 +409,8 @@ class Trainer:
             stats = {"epoch": epoch, "seconds": seconds, "steps": totals.steps,
                      "steps_per_sec": totals.steps / max(seconds, 1e-9),
                      "worker_steps_per_sec": {w: n / max(self.worker_busy.get(w, seconds), 1e-9)
-                                              for w, n in sorted(self.worker_steps.items())}}
+                                              for w, n in sorted(self.worker_steps.items())},
+                     "workers_recovered": self.workers_recovered}
             self.epoch_stats.append(stats)
             logs = self._logs(totals)
             if val is not None and (epoch + 1) % max(1, validation_freq) == 0:

@@ -1,9 +1,10 @@
 """Stragglers: a worker alive and progressing, but clearly slower than its peers, named in the epoch line.
 
 "Clearly": its steps/s is under ``SLOW`` (half) the median of the other workers' in two
-consecutive epochs of the same fit. One epoch is not enough: the first epoch of a fit
-mixes start-up and compilation (measured in local mode: 4.5 vs 1.9 steps/s in epoch 1,
-even in epoch 2), and a shared machine has slow moments. Parameter-server layouts only,
+consecutive epochs of the same fit, neither of which had a worker fail (its closures ran
+again, elsewhere or after its restart: those rates measure the recovery). One epoch is not
+enough: the first epoch of a fit mixes start-up and compilation (measured in local mode:
+4.5 vs 1.9 steps/s in epoch 1, even in epoch 2), and a shared machine has slow moments. Parameter-server layouts only,
 where the coordinator counts each worker's closures; all-reduce workers run in lockstep,
 so they all run at the slowest one's pace (TensorFlow does not expose the time each
 waited in the collectives).
@@ -34,8 +35,8 @@ def slow_workers(rates: Mapping[Any, float]) -> dict[Any, float]:
 
 def straggler_note(stats: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
     """``; worker 1 is a straggler: 0.31x the others' steps/s for 2 epochs`` or ``""``."""
-    if previous is None:
-        return ""
+    if previous is None or previous.get("workers_recovered") or stats.get("workers_recovered"):
+        return ""  # a worker failed in one of the two epochs: the rates measure its recovery
     now = slow_workers(stats.get("worker_steps_per_sec") or {})
     before = slow_workers(previous.get("worker_steps_per_sec") or {})
     named = [w for w in now if w in before]

@@ -405,6 +405,10 @@ def test_a_straggler_is_named_after_two_slow_epochs() -> None:
     assert epoch_line(second, 3, first).endswith("; worker 1 is a straggler: 0.30x the others' steps/s for 2 epochs")
     assert "straggler" not in epoch_line(third, 3, second)
     assert "straggler" not in epoch_line(second, 3, None)  # the first epoch of a fit: no judgment
+    # A worker failed (its closures ran again) in either epoch: the rates measure the recovery.
+    for before, now in ((first, second), (second, first)):
+        assert "straggler" not in epoch_line({**now, "workers_recovered": True}, 3, before)
+        assert "straggler" not in epoch_line(now, 3, {**before, "workers_recovered": True})
 
 
 def test_blame_needs_a_lasting_disk_sleep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

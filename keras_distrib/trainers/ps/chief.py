@@ -77,13 +77,14 @@ class EpochRun(ClosureQueue):
         self.started = time.perf_counter()
         if training:
             trainer.worker_steps, trainer.worker_busy = self.done, self.busy
+            trainer.workers_recovered = False
         self.lost: list[int] = []  # closures whose results were lost with their workers
         self.ended_early: list[Exception] = []  # what the sure closures that found their shard's end raised
         self.window = trainer._window()
         self.sure_steps = self._sure_steps()
         # A closure whose worker fails is queued again behind the later ones, so a sure one
         # may run after guarded ones that read its shard to the end, and find the end (`end`).
-        self.run_again = private.closures_run_again(trainer.coordinator) if self.sure_steps is not None else 0
+        self.run_again = private.closures_run_again(trainer.coordinator)
         self.stopped = self.by_hook = False
 
     def _sure_steps(self) -> list[int] | None:
@@ -201,8 +202,9 @@ class EpochRun(ClosureQueue):
         files: an error), and the first epoch's count of each shard of files learned."""
         inp, workers = self.inp, self.trainer.num_workers
         # A closure queued again (its worker failed): this epoch's shards were read anew.
-        failed_over = (self.sure_steps is not None
-                       and private.closures_run_again(self.trainer.coordinator) != self.run_again)
+        failed_over = private.closures_run_again(self.trainer.coordinator) != self.run_again
+        if self.training and (failed_over or self.lost):
+            self.trainer.workers_recovered = True  # this epoch's rates say nothing of a worker's speed
         if self.ended_early:
             if not failed_over and not self.lost:
                 if inp.learned:

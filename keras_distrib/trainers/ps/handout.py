@@ -199,7 +199,11 @@ class PerWorkerInput:
         """Take the batches each shard held in an epoch that ran whole as every later
         epoch's, if every shard holds at least ``least`` (else closures could hardly ever be
         sure, and their own trace would cost more than they save)."""
-        if not self.sizes.counting or any(n != 1 for n in self.made):
+        if not self.sizes.counting:
+            return
+        if any(n != 1 for n in self.made):
+            logger.info("a worker read its shard again in the epoch that counts them (it was recovered): the shard "
+                        "sizes are not taken from it, and every step keeps its guard.")
             return
         sizes = [steps_per_shard.get(i, 0) for i in range(self.num_shards)]
         self.steps = sum(sizes)  # the later epochs' progress bars show it, not the estimate
