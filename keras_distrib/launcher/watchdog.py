@@ -46,8 +46,10 @@ logger = logging.getLogger(__name__)
 #: /proc states of a process that cannot progress by itself.
 STOPPED = frozenset("Tt")  # SIGSTOP / job control, or stopped under a tracer
 BLOCKED = frozenset("D")  # uninterruptible sleep: I/O that does not come back (dead NFS mount)
-#: How long a process must stay in ``D`` before a peer's exit is blamed on it.
-BLOCKED_PROOF_SECONDS = 2.0
+#: How long a process must stay in ``D`` before a peer's exit is blamed on it: a healthy
+#: process on a loaded disk was seen in ``D`` at every look for 2 s (a page read), while a
+#: dead network mount holds it for good. Blame without it is a restart; with it, a failure.
+BLOCKED_PROOF_SECONDS = 10.0
 #: A SCRIPT's limit is at least this many times its longest healthy gap between two counts.
 GAP_FACTOR = 3.0
 #: How long py-spy may take on one process.
