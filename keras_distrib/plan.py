@@ -173,6 +173,31 @@ def node_roles(layout: str, node_index: int, gpus: Sequence[str],
     raise ClusterConfigError(f"layout={layout!r} is unknown.", "use ps-per-node, worker-per-gpu, allreduce, jax or jax-per-gpu.")
 
 
+def split_components(job: JobInfo, sizes: str | None) -> JobInfo:
+    """``job`` with its nodes, in order, split into components of ``sizes`` ("2,1",
+    --component-sizes): for schedulers whose environment does not say which node came from
+    which part of the request (a PBS ``select`` of two chunks, an LSF compound ``-R``).
+    A job whose scheduler named its components (a Slurm heterogeneous job) keeps them."""
+    if not sizes:
+        return job
+    counts = [int(n) for n in sizes.split(",") if n.strip().isdigit()]
+    if len(counts) != len(sizes.split(",")) or len(counts) < 2 or min(counts) < 1 or sum(counts) != len(job.nodes):
+        raise ClusterConfigError(
+            f"--component-sizes {sizes!r} does not split the job's {len(job.nodes)} nodes into 2 or more parts "
+            f"of at least 1 node ({job.tasks_source or 'the scheduler node list'}).",
+            f"give the nodes of each part of the request, in the node list's order, adding up to {len(job.nodes)}, "
+            f"e.g. --component-sizes {max(len(job.nodes) - 1, 1)},1.",
+        )
+    if job.num_components > 1:
+        raise ClusterConfigError(
+            f"--component-sizes {sizes!r}, but the scheduler already split this job into {job.num_components} "
+            f"components ({job.components_source}).",
+            "drop --component-sizes: the scheduler's components are used.",
+        )
+    components = tuple(c for c, n in enumerate(counts) for _ in range(n))
+    return replace(job, node_components=components, components_source=f"--component-sizes {sizes}")
+
+
 def component_roles(job: JobInfo, layout: str, wanted: str | None = None) -> tuple[str, ...]:
     """What each component of a heterogeneous job runs; () for a plain job.
 

@@ -14,7 +14,7 @@ from cluster_parsers import FORCE_VAR, ClusterConfigError, ClusterParser, JobInf
 from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
 from ..contract import KERAS_BACKEND_VAR, plan_json
 from ..logs import configure_launcher
-from ..plan import Plan, build_plan, check_task_counts, component_roles, tasks_mode
+from ..plan import Plan, build_plan, check_task_counts, component_roles, split_components, tasks_mode
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--component-roles", default=None, metavar="ROLES",
                    help="a heterogeneous job (sbatch -N2 : -N1): what each component's nodes run, 'workers' or 'ps', "
                         "e.g. workers,ps (default: the first component computes, the others hold the parameter servers)")
+    p.add_argument("--component-sizes", default=None, metavar="SIZES",
+                   help="split the job's nodes, in order, into components of these sizes, e.g. 2,1 (a PBS select of "
+                        "two chunks, an LSF compound -R), whose roles --component-roles gives")
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
@@ -100,7 +103,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout", "require_gpus", "component_roles")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout", "require_gpus", "component_roles", "component_sizes")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 
@@ -217,6 +220,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             parser = choose_parser(scheduler, options, args, env)
             job = parser.join_info() if args.join else parser.parse()
             hosts = None
+        job = split_components(job, options.component_sizes)
         roles = component_roles(job, options.layout, options.component_roles)
         plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts, roles)
         hint = parser.agent_launch_hint if parser else "use --nodes."

@@ -55,6 +55,9 @@ class Options:
     # A heterogeneous job: what each component's nodes run, "workers,ps" (None: the first
     # component computes, the others hold the parameter servers; keras_distrib/plan.py).
     component_roles: str | None = None
+    # Where the scheduler does not name a job's components (PBS, LSF): the nodes of each,
+    # in the node list's order, "2,1".
+    component_sizes: str | None = None
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -90,7 +93,7 @@ def load_config(path: str) -> dict[str, Any]:
 
 #: Examples for HINTs where the default (None) shows nothing.
 _EXAMPLES: dict[str, Any] = {"port_base": 23000, "interface": "ib0", "scheduler": "pbs", "log_dir": "logs",
-                             "component_roles": "workers,ps"}
+                             "component_roles": "workers,ps", "component_sizes": "2,1"}
 
 
 def _example(name: str) -> str:

@@ -120,3 +120,35 @@ def test_the_plan_uses_reserved_ports_when_they_hold_what_it_needs(reserved: ran
     if source is not None:
         assert plan.ports_source == source
     assert build_plan(job, "ps-per-node", port_base=23000).processes[0].port == 23000  # --port-base wins
+
+
+# --- components the scheduler does not name: --component-sizes (PBS select chunks, LSF -R) ---------
+
+def test_a_pbs_select_of_two_chunks_is_split_by_the_sizes_given() -> None:
+    from _unit_helpers import fixture_env
+
+    from cluster_parsers import PbsParser
+    from keras_distrib.plan import split_components
+
+    job = split_components(PbsParser(fixture_env("pbs_select_two_chunks")).parse(), "2,1")
+    plan = build_plan(job, "ps-per-node", roles=component_roles(job, "ps-per-node"))
+    assert [(p.node, p.job) for p in plan.processes] == [("gpu01", "chief"), ("gpu01", "worker"), ("gpu02", "worker"),
+                                                         ("cpu01", "ps")]
+    assert job.components_source == "--component-sizes 2,1"
+
+
+@pytest.mark.parametrize("sizes", ["2,2", "3", "2,0,1", "a,1", "2,,1"])
+def test_sizes_that_do_not_split_the_nodes_are_refused(sizes: str) -> None:
+    from keras_distrib.plan import split_components
+
+    plain = JobInfo("pbs", "7", ("n1", "n2", "n3"), (1, 1, 1))
+    with pytest.raises(ClusterConfigError, match=r"does not split the job's 3 nodes.*HINT: .*--component-sizes 2,1"):
+        split_components(plain, sizes)
+
+
+def test_sizes_on_a_job_the_scheduler_split_are_refused() -> None:
+    from keras_distrib.plan import split_components
+
+    with pytest.raises(ClusterConfigError, match=r"already split this job into 2 components"):
+        split_components(het_job(), "2,1")
+    assert split_components(het_job(), None) == het_job()
