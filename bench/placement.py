@@ -84,7 +84,7 @@ def main() -> None:
                        target="what the placement costs on one machine; not a cluster figure"),
         )
     print_table("Placement: parameter servers on a node of their own vs beside every worker", [comparison])
-    save("placement", [comparison], {"epochs": epochs, "rows": rows})
+    save("placement", [comparison], {"epochs": epochs, "rows": rows}, out=args.out)
 
 
 if __name__ == "__main__":
