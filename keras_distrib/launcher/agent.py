@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -470,8 +471,16 @@ class Agent(MembershipPolicy):
             return
         elif (left := self._may_continue(node := self.identity.agent_nodes[agent])) is not None:
             self._reform(node, left, "its agent disconnected")
-        elif not self.status.interrupted:  # else: that agent ended on the same signal; the script decides
+        elif self.status.interrupted:  # that agent ended on the same signal; the script decides
+            return
+        elif not self.spec.options.requeue:
             self.fail(f"the agent on {node} disconnected unexpectedly", 1)
+            self.status.result = replace(self.status.result, lost_node=node)  # run() ends the step once all is stopped
+        else:  # as for a silent node (`_on_node_lost`)
+            self.log.error(f"the agent on {node} disconnected unexpectedly; stopping the job and requeueing it, to resume "
+                           "from the last checkpoint.")
+            code = self.scheduler.requeue(self.plan.scheduler, True, self.log.info)
+            self._stop(1 if code == PREEMPTED_EXIT_CODE else code, f"the agent on {node} disconnected unexpectedly")
 
     def _on_signal(self, signum: int) -> None:
         """Forward to the children; SIGINT/SIGTERM also end the job once the script ends."""

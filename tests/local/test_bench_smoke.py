@@ -20,9 +20,10 @@ BENCH = REPO / "bench"
 # report.py formats the others' results rather than measuring, and accuracy_parity.py is a
 # job SCRIPT (run under the launcher): each is tested on its own below. elastic.py needs the
 # real Slurm test cluster, which tests/slurm holds for the session: tests/slurm/test_elastic_slurm.py
-# runs its jobs, and test_elastic_bench_reads_the_membership_phases below its parsing.
+# runs its jobs, and test_elastic_bench_reads_the_membership_phases below its parsing. chaos.py
+# too: tests/slurm/test_chaos_slurm.py runs a short schedule per layout on that cluster.
 PROGRAMS = sorted(p.stem for p in BENCH.glob("*.py")
-                  if not p.name.startswith("_") and p.stem not in ("report", "accuracy_parity", "elastic"))
+                  if not p.name.startswith("_") and p.stem not in ("report", "accuracy_parity", "elastic", "chaos"))
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 # Smoke runs that train another model than the default mlp (which the other training
 # benchmarks' smoke runs train), run from the repository root. ps_throughput: a model given

@@ -347,11 +347,15 @@ def test_a_lost_node_stops_the_job_and_requeues_when_asked(requeue: bool, lines:
     assert h.channel.to_all_sent == [Stop(h.agent.result.code)]
 
 
-def test_an_agent_that_disconnects_fails_the_job() -> None:
-    h = harness()
+@pytest.mark.parametrize("requeue", [False, True])
+def test_an_agent_that_disconnects_stops_the_job_and_requeues_it_when_asked(requeue: bool) -> None:
+    """As a silent node: a chaos run killed an agent with the job at its --min-nodes, and the
+    job stopped although --requeue was given."""
+    h = harness(requeue=requeue)
     h.agent.handle(PeerGone(1))
-    assert h.agent.result is not None and h.agent.result.code == 1
+    assert h.agent.result is not None and h.agent.result.code == (0 if requeue else 1)
     assert h.agent.result.reason == "the agent on n2 disconnected unexpectedly"
+    assert h.requeued == ([True] if requeue else [])
 
 
 def test_losing_agent_0_stops_this_node() -> None:

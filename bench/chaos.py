@@ -1,0 +1,333 @@
+"""Faults in combination on the real Slurm test cluster: seeded schedules, many faults per job.
+
+    python bench/chaos.py [--layouts ps-per-node,allreduce,jax] [--seeds 3 | --seed S]
+                          [--faults 5] [--min-gap 5] [--span 90] [--smoke]
+
+For each layout: one undisturbed job (the accuracy to match), then one job per seed through
+scripts/sbatch/elastic.sbatch on 3 nodes (--min-nodes 2 --requeue, heartbeat 10 s, hang
+timeout 15 s, a checkpoint every 2 s), with `_faults.draw_schedule`'s faults injected after
+the first checkpoint: kills of a worker, a ps or the chief, freezes, link cuts (back, or
+until the job ends or requeues), an agent killed and a --join agent started, a preemption,
+a kill as a checkpoint appears. The seed and the schedule are printed first; ``--seed S``
+replays one. Each run ends with one summary line; it passes when the job ends by itself
+with exit 0, the step counter is epochs x steps, the accuracy is within one point of the
+undisturbed run's, every fault but a freeze shorter than the hang timeout has a line that
+names it, and no process or port is left on any node. The last line is the tally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _faults import Fault, describe, draw_schedule
+from _harness import REPO, parser
+
+sys.path.insert(0, str(REPO / "scripts" / "testcluster"))
+sys.path.insert(0, str(REPO / "tests" / "slurm"))
+
+NODES = ("n1", "n2", "n3")
+HANG_TIMEOUT = 15.0
+OPTIONS = ["--heartbeat-timeout", "10", "--hang-timeout", str(HANG_TIMEOUT), "--checkpoint-every", "2s"]
+#: What names each kind of fault in the job's output (a regex, given the fault's node).
+NAMED_BY = {
+    "kill-worker": r"worker:\d+ on {node} exited with signal 9|lost {node}",
+    "kill-in-checkpoint": r"worker:\d+ on {node} exited with signal 9|lost {node}",
+    "kill-ps": r"ps:\d+ on {node} exited with signal 9|lost {node}",
+    "kill-chief": r"chief:0 on {node} (exited|finished) with signal 9",
+    "freeze": r"on {node} made no progress|lost {node}",
+    "cut-link": r"lost {node}|lost contact with the first node's agent",
+    "cut-link-for-good": r"lost {node}|lost contact with the first node's agent",
+    "kill-agent": r"lost {node}|the agent on {node} disconnected unexpectedly",
+    "preempt": r"requeued job|checkpoint.*(preempt|SIGUSR1|time limit)",
+}
+
+
+@dataclass
+class Run:
+    """One job under one schedule, and what it showed."""
+
+    layout: str
+    seed: int
+    faults: list[Fault]
+    epochs: int
+    injected: dict[int, str] = field(default_factory=dict)  # by the fault's index in ``faults``
+    problems: list[str] = field(default_factory=list)
+    result: dict = field(default_factory=dict)
+
+
+def task_pid(cluster, node: str, task: str, script: bool) -> int | None:
+    """The pid of ``task`` (``worker:1``) on ``node``: by network namespace and environment."""
+    netns = os.stat(f"/run/netns/{cluster.prefix}-{node}").st_ino
+    needle = f"KERAS_DISTRIB_TASK={task}".encode()
+    for entry in cluster.processes_matching(r"fit(_jax)?\.py" if script else r"-m keras_distrib\.servers"):
+        pid = int(entry.split()[0])
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino == netns and needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def agent_pid(cluster, node: str) -> int | None:
+    netns = os.stat(f"/run/netns/{cluster.prefix}-{node}").st_ino
+    for entry in cluster.processes_matching(r"-m keras_distrib\.slurm"):
+        pid = int(entry.split()[0])
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino == netns:
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def victim(cluster, layout: str, fault: Fault) -> tuple[str, int | None]:
+    """The task a kill or freeze on ``fault.node`` hits, and its pid (None: not running now)."""
+    index = NODES.index(fault.node)
+    if fault.kind == "kill-chief":
+        task = "chief:0" if layout not in ("allreduce", "jax") else "worker:0"
+    elif fault.kind == "kill-ps":
+        task = f"ps:{index}"
+    else:
+        task = f"worker:{index}"
+    script = task == "chief:0" or layout in ("allreduce", "jax")
+    return task, task_pid(cluster, fault.node, task, script)
+
+
+def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: set[str]) -> None:
+    """Do fault ``index`` of the run's schedule now; record what was done in ``run.injected``."""
+    fault = run.faults[index]
+    kind, node = fault.kind, fault.node
+    if kind in ("cut-link", "cut-link-for-good"):
+        run.injected[index] = f"{kind} {node}"
+        cluster.set_link(node, up=False)
+        cut.add(node)
+        if kind == "cut-link":
+            time.sleep(fault.seconds)
+            if node in cut:  # not brought back meanwhile by a requeue
+                cluster.set_link(node, up=True)
+                cut.discard(node)
+        return
+    if kind == "preempt":
+        cluster.head(["scancel", "--batch", "--signal=USR1", str(job)], timeout=30)
+        run.injected[index] = f"preempt job {job}"
+        return
+    if kind == "kill-agent":
+        pid = agent_pid(cluster, node)
+        if pid is None:
+            run.injected[index] = f"kill-agent {node}: no agent there (skipped)"
+            return
+        os.kill(pid, signal.SIGKILL)
+        argv = ["srun", f"--jobid={job}", "-N1", "-w", node, "--overlap", "python", "-m", "keras_distrib.slurm",
+                "--join", "--layout", run.layout, "--min-nodes", "2", "--requeue", *OPTIONS, *script_args(run, ck)]
+        with (work / f"join-{run.seed}-{node}.out").open("a") as sink:
+            cluster.popen("head", argv, cwd=work, stdout=sink, stderr=subprocess.STDOUT)
+        run.injected[index] = f"kill-agent {node} (pid {pid}), --join agent started"
+        return
+    if kind == "kill-in-checkpoint":
+        before = {p.name for p in ck.glob("*")}
+        deadline = time.monotonic() + 30
+        while {p.name for p in ck.glob("*")} <= before and time.monotonic() < deadline:
+            time.sleep(0.01)
+    task, pid = victim(cluster, run.layout, fault)
+    if pid is None:
+        run.injected[index] = f"{kind} {task} on {node}: not running (skipped)"
+        return
+    run.injected[index] = f"{kind} {task} on {node} (pid {pid})"
+    try:
+        os.kill(pid, signal.SIGSTOP if kind == "freeze" else signal.SIGKILL)
+        if kind == "freeze":
+            time.sleep(fault.seconds)
+            os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:  # gone meanwhile (the watchdog restarts a process frozen past its timeout)
+        pass
+
+
+def script_args(run: Run, ck: Path) -> list[str]:
+    if run.layout == "jax":
+        return ["fit_jax.py", str(ck), str(run.epochs)]
+    return ["fit.py", str(ck), str(run.epochs), str(STEPS)]
+
+
+STEPS = 200
+
+
+def job_state(cluster, job: int) -> str:
+    out = cluster.head(["scontrol", "-o", "show", "job", str(job)], timeout=30).stdout
+    match = re.search(r"JobState=(\S+)", out)
+    return match.group(1) if match else "UNKNOWN"
+
+
+def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
+    """Submit, inject the schedule after the first checkpoint, wait for the end; (final state, output)."""
+    import threading
+
+    name = f"{run.layout}-{run.seed}"
+    out, ck = work / f"{name}.out", work / f"{name}-ck"
+    argv = ["sbatch", "--parsable", "-N3", "--cpus-per-task=2", "-o", str(out), "--open-mode=append",
+            str(REPO / "scripts" / "sbatch" / "elastic.sbatch"), *OPTIONS, *script_args(run, ck)]
+    job = int(cluster.head(argv, env={"LAYOUT": run.layout, "JAX_PLATFORMS": "cpu"}, cwd=work, check=True,
+                           timeout=60).stdout.split(";")[0])
+    saved = "training_metadata.json" if run.layout == "jax" else "ckpt-*"
+    cut: set[str] = set()
+    threads = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not any(ck.glob(saved)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        start = time.monotonic()
+        for index, fault in enumerate(run.faults):
+            time.sleep(max(0.0, start + fault.at - time.monotonic()))
+            if job_state(cluster, job) not in ("RUNNING",):
+                run.injected[index] = f"{fault.kind} on {fault.node}: the job was not running (skipped)"
+                continue
+            print(f"  fault at {time.monotonic() - start:6.1f} s: {fault.kind} on {fault.node}", file=sys.stderr, flush=True)
+            thread = threading.Thread(target=inject, args=(cluster, run, index, job, work, ck, cut), daemon=True)
+            thread.start()
+            threads.append(thread)
+        state = job_state(cluster, job)
+        while time.monotonic() < deadline:
+            state = job_state(cluster, job)
+            if state != "RUNNING" and cut:
+                for node in list(cut):  # a requeued (or ending) job waits for its nodes: bring them back
+                    cluster.set_link(node, up=True)
+                    cut.discard(node)
+            if state not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "CONFIGURING", "REQUEUE_HOLD", "SUSPENDED"):
+                break
+            time.sleep(0.5)
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        for node in list(cut):
+            cluster.set_link(node, up=True)
+        cluster.head(["scancel", str(job)], timeout=30)
+    run.result["job"] = job
+    return state, out.read_text(errors="replace")
+
+
+def check(cluster, run: Run, state: str, text: str, reference: float | None, exit_code: int | None) -> None:
+    """What every run must show; problems go to ``run.problems``."""
+    from test_elastic_slurm import JAX_STEPS, final_row
+    from test_launcher_slurm import error_lines
+
+    if state != "COMPLETED" or exit_code:
+        run.problems.append(f"the job ended {state} (exit code {exit_code})")
+    try:
+        row = final_row(text)
+    except AssertionError:
+        row = {}
+        run.problems.append("no result line from the first node")
+    run.result.update(row)
+    steps = run.epochs * (JAX_STEPS if run.layout == "jax" else STEPS)
+    if row and row.get("step") != steps:
+        run.problems.append(f"step counter {row.get('step')}, not {steps}")
+    if row and reference is not None and row.get("accuracy", 0.0) < reference - 0.01:
+        run.problems.append(f"accuracy {row.get('accuracy'):.3f}, more than a point under {reference:.3f}")
+    for index, fault in enumerate(run.faults):
+        done = run.injected.get(index, "skipped: never injected")
+        if "skipped" in done or (fault.kind == "freeze" and fault.seconds < HANG_TIMEOUT + 5):
+            continue
+        if not re.search(NAMED_BY[fault.kind].format(node=fault.node), text):
+            run.problems.append(f"no line names {fault.kind} on {fault.node}")
+    procs, ports = cluster.leftovers(r"keras_distrib|fit\.py|fit_jax\.py", 60)
+    if procs or any(ports.values()):
+        run.problems.append(f"left running: {procs} {ports}")
+    run.result["errors"] = len(error_lines(text))
+
+
+def exit_code_of(cluster, job: int) -> int | None:
+    out = cluster.head(["scontrol", "-o", "show", "job", str(job)], timeout=30).stdout
+    match = re.search(r"ExitCode=(\d+):", out)
+    return int(match.group(1)) if match else None
+
+
+def chaos_runs(cluster, work: Path, layout: str, seeds: list[int], count: int, *, span: float, min_gap: float,
+               epochs: int, out: Path, reference: float | None = None) -> list[Run]:
+    """One job per seed, after one undisturbed job of ``layout`` whose accuracy they must
+    match (``reference`` given: that one instead); the schedule and a summary line of each
+    printed, the output of a failed one kept in ``out``."""
+    from test_elastic_slurm import FIT, JAX_FIT
+
+    (work / "fit.py").write_text(FIT)
+    (work / "fit_jax.py").write_text(JAX_FIT)
+    if reference is None:
+        undisturbed = Run(layout, 0, [], epochs)
+        state, text = run_job(cluster, work, undisturbed, 900)
+        check(cluster, undisturbed, state, text, None, exit_code_of(cluster, undisturbed.result["job"]))
+        reference = undisturbed.result.get("accuracy")
+        print(f"{layout} undisturbed: {state}, accuracy {reference}", flush=True)
+    runs = []
+    for seed in seeds:
+        faults = draw_schedule(seed, count, layout=layout, nodes=NODES, span=span, min_gap=min_gap)
+        print(describe(seed, layout, faults), flush=True)
+        run = Run(layout, seed, faults, epochs)
+        state, text = run_job(cluster, work, run, 1500)
+        check(cluster, run, state, text, reference, exit_code_of(cluster, run.result["job"]))
+        runs.append(run)
+        for index in sorted(run.injected):
+            print(f"  injected: {run.injected[index]}", flush=True)
+        verdict = "ok" if not run.problems else "FAILED: " + "; ".join(run.problems)
+        print(f"seed {seed} {layout}: {len(faults)} faults, step {run.result.get('step')}, accuracy "
+              f"{run.result.get('accuracy')}: {verdict}", flush=True)
+        if run.problems:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"chaos-{layout}-{seed}.out").write_text(text)
+    return runs
+
+
+def tally(runs: list[Run]) -> str:
+    """``chaos: 3 run(s), 14 fault(s) injected (freeze 3, ...), 1 failed (seeds ps-per-node:12)``."""
+    kinds: dict[str, int] = {}
+    for run in runs:
+        for done in run.injected.values():
+            if "skipped" not in done:
+                kinds[done.split()[0]] = kinds.get(done.split()[0], 0) + 1
+    failed = [r for r in runs if r.problems]
+    return (f"chaos: {len(runs)} run(s), {sum(kinds.values())} fault(s) injected "
+            f"({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))}), {len(failed)} failed"
+            + (f" (seeds {', '.join(f'{r.layout}:{r.seed}' for r in failed)})" if failed else ""))
+
+
+def main() -> None:
+    p = parser(__doc__.splitlines()[0])
+    p.add_argument("--layouts", default="ps-per-node,allreduce,jax")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per layout, from a random base (default 3)")
+    p.add_argument("--seed", type=int, default=None, help="replay this one seed")
+    p.add_argument("--faults", type=int, default=5)
+    p.add_argument("--min-gap", type=float, default=5.0, help="seconds between two faults (0: during a recovery)")
+    p.add_argument("--span", type=float, default=60.0, help="seconds the faults spread over")
+    p.add_argument("--epochs", type=int, default=40, help="epochs of 200 steps (jax: of 60): longer than the faults")
+    args = p.parse_args()
+    from slurm_cluster import SlurmTestCluster
+
+    ok, why = SlurmTestCluster.available()
+    if not ok:
+        sys.exit(f"bench/chaos.py needs the real Slurm test cluster: {why}")
+    base = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
+    seeds = [base] if args.seed is not None else [base + i for i in range(1 if args.smoke else args.seeds)]
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="chaos-") as tmp, \
+            SlurmTestCluster(Path(tmp) / "cluster", prefix="kdchaos") as cluster:
+        work = Path(tmp) / "work"
+        work.mkdir()
+        for layout in args.layouts.split(","):
+            runs += chaos_runs(cluster, work, layout, seeds, 2 if args.smoke else args.faults, span=args.span,
+                               min_gap=args.min_gap, epochs=args.epochs, out=args.out)
+    print(tally(runs))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "chaos.json").write_text(json.dumps(
+        [{"layout": r.layout, "seed": r.seed, "faults": [f.describe() for f in r.faults], "injected": list(r.injected.values()),
+          "problems": r.problems, "result": r.result} for r in runs], indent=2))
+
+
+if __name__ == "__main__":
+    main()
