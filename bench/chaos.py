@@ -65,17 +65,13 @@ class Run:
 
 
 def task_pid(cluster, node: str, task: str, script: bool) -> int | None:
-    """The pid of ``task`` (``worker:1``) on ``node``: by network namespace and environment."""
-    netns = os.stat(f"/run/netns/{cluster.prefix}-{node}").st_ino
-    needle = f"KERAS_DISTRIB_TASK={task}".encode()
-    for entry in cluster.processes_matching(r"fit(_jax)?\.py" if script else r"-m keras_distrib\.servers"):
-        pid = int(entry.split()[0])
-        try:
-            if os.stat(f"/proc/{pid}/ns/net").st_ino == netns and needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                return pid
-        except OSError:
-            continue
-    return None
+    """The pid of ``task`` (``worker:1``) on ``node`` (its SCRIPT, or its TF server); None: not running."""
+    from test_launcher_slurm import pid_of
+
+    try:
+        return pid_of(cluster, node, task, timeout=2, command=r"fit(_jax)?\.py" if script else r"-m keras_distrib\.servers")
+    except AssertionError:
+        return None
 
 
 def agent_pid(cluster, node: str) -> int | None:

@@ -175,13 +175,15 @@ def check_rows(output: str) -> list[list[str]]:
     return rows
 
 
-def pid_of(cluster: SlurmTestCluster, node: str, task: str, timeout: float = 120) -> int:
-    """The pid of process ``task`` (e.g. worker:1) on ``node``: by network namespace and env."""
+def pid_of(cluster: SlurmTestCluster, node: str, task: str, timeout: float = 120,
+           command: str = r"-m keras_distrib\.servers") -> int:
+    """The pid of process ``task`` (e.g. worker:1) on ``node``: by network namespace and env,
+    among the processes whose command line matches ``command`` (a TF server by default)."""
     netns = os.stat(f"/run/netns/{cluster.prefix}-{node}").st_ino
     needle = f"KERAS_DISTRIB_TASK={task}".encode()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for entry in cluster.processes_matching(r"-m keras_distrib\.servers"):
+        for entry in cluster.processes_matching(command):
             pid = int(entry.split()[0])
             try:
                 if os.stat(f"/proc/{pid}/ns/net").st_ino == netns and needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
