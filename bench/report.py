@@ -14,7 +14,7 @@ from pathlib import Path
 from _harness import RESULTS
 
 ORDER = ("ps_throughput", "ps_step_breakdown", "sync_throughput", "input_stall", "launch_overhead", "shutdown_latency", "plan_scaling",
-         "straggler")
+         "straggler", "placement")
 
 
 def main() -> None:
