@@ -157,10 +157,13 @@ def script_args(run: Run, ck: Path) -> list[str]:
 STEPS = 200
 
 
+def job_fields(cluster, job: int) -> dict[str, str]:
+    """``scontrol show job``'s fields (JobState, ExitCode=a:b, ...)."""
+    return dict(re.findall(r"(\w+)=(\S*)", cluster.head(["scontrol", "-o", "show", "job", str(job)], timeout=30).stdout))
+
+
 def job_state(cluster, job: int) -> str:
-    out = cluster.head(["scontrol", "-o", "show", "job", str(job)], timeout=30).stdout
-    match = re.search(r"JobState=(\S+)", out)
-    return match.group(1) if match else "UNKNOWN"
+    return job_fields(cluster, job).get("JobState", "UNKNOWN")
 
 
 def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
@@ -241,9 +244,8 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
 
 
 def exit_code_of(cluster, job: int) -> int | None:
-    out = cluster.head(["scontrol", "-o", "show", "job", str(job)], timeout=30).stdout
-    match = re.search(r"ExitCode=(\d+):", out)
-    return int(match.group(1)) if match else None
+    code = job_fields(cluster, job).get("ExitCode", "").partition(":")[0]
+    return int(code) if code.isdigit() else None
 
 
 def chaos_runs(cluster, work: Path, layout: str, seeds: list[int], count: int, *, span: float, min_gap: float,

@@ -145,9 +145,9 @@ class SlurmParser(ClusterParser):
         component, and a step's the union in Slurm's own order (measured with Slurm 22.05):
         each component's own list says which node is which."""
         size_var = next((v for v in self.het_size_vars if self.env.get(v)), None)
-        if size_var is None or self.int_var(size_var, minimum=1) == 1:
+        size = 1 if size_var is None else self.int_var(size_var, minimum=1)
+        if size_var is None or size == 1:
             return None
-        size = self.int_var(size_var, minimum=1)
         nodes: list[str] = []
         components: list[int] = []
         for component in range(size):

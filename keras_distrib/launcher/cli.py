@@ -140,7 +140,7 @@ def local_job(nodes: int, gpus_per_node: str, job_id: str, ps_nodes: int = 0) ->
                                  "e.g. --nodes 3 --ps-nodes 1: two worker nodes and one parameter-server node.")
     gpus = tuple(g for g in gpus_per_node.split(",") if g)
     names = tuple(f"local{i}" for i in range(nodes))
-    components = tuple(int(i >= nodes - ps_nodes) if ps_nodes else 0 for i in range(nodes))
+    components = tuple(int(i >= nodes - ps_nodes) for i in range(nodes))
     return JobInfo("local", job_id, names, (1,) * nodes, node_gpus=tuple(() if c else gpus for c in components),
                    node_components=components,
                    components_source=f"--nodes {nodes} --ps-nodes {ps_nodes}" if ps_nodes else "")
