@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -21,7 +22,11 @@ _PR_SET_PDEATHSIG = 1
 # inherited: a launcher started with `&` from a script ignores SIGINT (POSIX shells do
 # that for background jobs), and SIG_IGN survives exec, so Ctrl-C would never reach
 # the script. subprocess's restore_signals only covers SIGPIPE/SIGXFZ/SIGXFSZ.
-DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# SIGUSR1 (the time-limit warning) starts ignored: its default action kills, and a process
+# still importing TensorFlow has no handler yet. `fit`'s handler (or the script's own)
+# replaces SIG_IGN; `signal_when_caught` delivers a warning the process was not ready for.
+IGNORED_SIGNALS = (signal.SIGUSR1,)
 
 
 def _pre_exec_hook() -> Callable[[], None] | None:
@@ -37,11 +42,13 @@ def _pre_exec_hook() -> Callable[[], None] | None:
         return None
     set_disposition.restype = ctypes.c_void_p
     set_disposition.argtypes = (ctypes.c_int, ctypes.c_void_p)
-    sig_dfl = ctypes.c_void_p(0)
+    sig_dfl, sig_ign = ctypes.c_void_p(0), ctypes.c_void_p(1)
 
     def hook() -> None:
         for sig in DEFAULT_SIGNALS:
             set_disposition(int(sig), sig_dfl)
+        for sig in IGNORED_SIGNALS:
+            set_disposition(int(sig), sig_ign)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -208,6 +215,34 @@ class Child:
                 os.killpg(self.popen.pid, sig)
             except ProcessLookupError:
                 pass
+
+
+def catches(pid: int, sig: int) -> bool | None:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask); None where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def signal_when_caught(child: Child, sig: int, poll: float = 0.2) -> None:
+    """Send ``sig`` to ``child`` once it has a handler for it, from a thread; never if it ends first.
+
+    A child started with ``sig`` ignored (IGNORED_SIGNALS) would drop it while it imports.
+    Where /proc cannot tell, the signal is sent at once.
+    """
+    def deliver() -> None:
+        while child.popen.poll() is None:
+            if catches(child.popen.pid, sig) is not False:
+                child.signal(sig)
+                return
+            time.sleep(poll)
+
+    threading.Thread(target=deliver, name=f"warn-{child.proc.name}", daemon=True).start()
 
 
 def spawn(

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import contract
 from ..plan import Plan, Process
-from .children import Child, OutputFilter, SharedErrors, spawn
+from .children import Child, OutputFilter, SharedErrors, signal_when_caught, spawn
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ class LocalProcesses:
     shown: SharedErrors = field(default_factory=SharedErrors)
     # How each child was started (its launch and environment), for restarts.
     _started: dict[str, tuple[Launch, dict[str, str]]] = field(default_factory=dict)
+    # The job got the time-limit warning (SIGUSR1): every SCRIPT started later gets it too.
+    warned: bool = False
 
     def start(self, plan: Plan, launches: Sequence[Launch]) -> None:
         """Write the plan file once for this node, then start ``launches``."""
@@ -87,8 +89,11 @@ class LocalProcesses:
         output = OutputFilter(banners=launch.banners, quiet=launch.quiet, has_gpus=bool(launch.proc.gpus),
                               name=launch.proc.name, shared=self.shown)
         extra = {"log": self._open_log(launch.proc)} if self.settings.log_dir is not None else {}
-        return self.spawner(launch.proc, list(launch.argv), env, launch.runs_script, self.on_exit, output=output,
-                            **extra)
+        child = self.spawner(launch.proc, list(launch.argv), env, launch.runs_script, self.on_exit, output=output,
+                             **extra)
+        if self.warned and launch.runs_script:
+            signal_when_caught(child, signal.SIGUSR1)
+        return child
 
     def _open_log(self, proc: Process) -> Any:
         """The process's log file, appended to: a restart or a requeued run adds to the same file."""
@@ -153,6 +158,14 @@ class LocalProcesses:
         may checkpoint on KeyboardInterrupt, with variables on the ps), and a server still
         starting exits quietly instead of dying in a traceback.
         """
+        if signum == signal.SIGUSR1:
+            self.warned = True
+            for child in self.children:
+                if child.runs_script:  # delivered once it has a handler: it may still be importing
+                    signal_when_caught(child, signum)
+                else:
+                    child.signal(signum)
+            return
         for child in self.children:
             child.signal(signal.SIGTERM if signum == signal.SIGINT and not child.runs_script else signum)
 
