@@ -158,3 +158,42 @@ def _bare_import_is_enough(spec: Any) -> bool:
     plugins = [os.path.join(os.path.dirname(spec.origin), "core", "kernels")]
     plugins += [os.path.join(d, "tensorflow-plugins") for d in site_dirs]
     return not any(os.path.exists(path) for path in plugins)
+
+
+def limit_oracle_wait(seconds: float) -> None:
+    """Make a KerasTuner trial worker give up on an unreachable oracle after ``seconds``.
+
+    Upstream: KerasTuner 1.4's ``OracleClient`` waits up to an hour for the chief on every
+    call (``keras_tuner.src.distribute.oracle_client.TIMEOUT``); a worker that asks the
+    oracle for results after the search, when the chief has already exited, would hang
+    that long. No public setting exists.
+    """
+    from keras_tuner.src.distribute import oracle_client
+
+    oracle_client.TIMEOUT = seconds
+
+
+def on_trial_reported(report: Any) -> None:
+    """On the oracle's process: call ``report(oracle, tuner_id, trial_id)`` after each
+    trial a worker reports as ended.
+
+    Upstream: KerasTuner 1.4's chief serves the workers through
+    ``keras_tuner.src.distribute.oracle_chief.OracleServicer``; no public hook sees which
+    worker ended which trial.
+    """
+    from keras_tuner.src.distribute import oracle_chief
+
+    servicer = oracle_chief.OracleServicer
+    original = servicer.EndTrial
+
+    def end_trial(self: Any, request: Any, context: Any) -> Any:
+        trial_id = request.trial.trial_id
+        tuner_id = next((t for t, trial in self.oracle.ongoing_trials.items() if trial.trial_id == trial_id), "?")
+        response = original(self, request, context)
+        try:
+            report(self.oracle, tuner_id, trial_id)
+        except Exception:  # a progress line must never fail the search
+            pass
+        return response
+
+    servicer.EndTrial = end_trial

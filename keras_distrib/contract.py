@@ -52,6 +52,13 @@ JAX_PREEMPTION_VAR = "JAX_ENABLE_PREEMPTION_SERVICE"
 JAX_DEVICE_IDS_VAR = "JAX_LOCAL_DEVICE_IDS"
 JAX_BIND_VAR = "JAX_COORDINATOR_BIND_ADDRESS"
 PROGRESS_FILE_VAR = "KERAS_DISTRIB_PROGRESS_FILE"
+TUNER_ID_VAR = "KERASTUNER_TUNER_ID"
+ORACLE_IP_VAR = "KERASTUNER_ORACLE_IP"
+ORACLE_PORT_VAR = "KERASTUNER_ORACLE_PORT"
+#: What KerasTuner calls the process that runs its oracle.
+ORACLE_TUNER_ID = "chief"
+#: plan.TUNER_LAYOUT, spelled again: this module does not import the plan at run time.
+TUNER_LAYOUT = "tuner"
 
 #: Every variable ``child_env`` may set, with what it holds: the one table of the contract.
 VARIABLES: dict[str, str] = {
@@ -60,7 +67,7 @@ VARIABLES: dict[str, str] = {
                    "(MAX_ARG_STRLEN): the plan passes that near 650 nodes.",
     TASK_VAR: "this process's task, `JOB:INDEX` (`worker:3`).",
     NODE_VAR: "the node it runs on (the scheduler's name).",
-    LAYOUT_VAR: "the layout (`ps-per-node`, `worker-per-gpu`, `allreduce`, `jax`, `jax-per-gpu`).",
+    LAYOUT_VAR: "the layout (`ps-per-node`, `worker-per-gpu`, `allreduce`, `jax`, `jax-per-gpu`, `tuner`).",
     PROTOCOL_VAR: "TF server protocol (`grpc`).",
     STARTUP_TIMEOUT_VAR: "seconds to wait for the other tasks (`--startup-timeout`).",
     PROGRESS_FILE_VAR: "path of this process's progress counter (16 bytes, next to the plan file): the trainers "
@@ -72,7 +79,7 @@ VARIABLES: dict[str, str] = {
     TF_CONFIG_VAR: "TensorFlow's own variable, for code that reads it directly (legacy path): set only while it "
                    "fits under `TF_CONFIG_LIMIT` bytes (about 3,600 nodes of 8-character names in the ps layouts, "
                    "7,200 in allreduce); above that it is absent (a stale one from the shell is removed) and only "
-                   "the plan file describes the cluster.",
+                   "the plan file describes the cluster. Never in layout tuner (its processes are not TF tasks).",
     CUDA_DEVICES_VAR: "the GPUs the plan gives this process (empty: none; TensorFlow's resolver cannot hide "
                       "GPUs from ps and chief processes, tensorflow#56894).",
     UNBUFFERED_VAR: "`1`, so output reaches the agent line by line.",
@@ -100,6 +107,10 @@ VARIABLES: dict[str, str] = {
                         "GPU per process (SLURM_LOCALID).",
     JAX_BIND_VAR: "jax layouts, process 0, when hosts are IP addresses (`--interface`, local mode): JAX's "
                   "coordinator listens on that address instead of `[::]`.",
+    TUNER_ID_VAR: "layout tuner: `chief` for the oracle (the first node's first process), `tuner0`, `tuner1`, ... "
+                  "for the trial workers; a restarted worker keeps its id, so the oracle gives it its trial again.",
+    ORACLE_IP_VAR: "layout tuner: the oracle's host (the first node, as the plan reaches it).",
+    ORACLE_PORT_VAR: "layout tuner: the oracle's port, the chief's plan port.",
 }
 
 # Linux's MAX_ARG_STRLEN is 32 pages (131,072 bytes) for "NAME=value\0"; stay well below
@@ -201,7 +212,7 @@ def child_env(
         UNBUFFERED_VAR: "1",
     })
     cluster = cluster_json if cluster_json is not None else json.dumps(plan.cluster_spec())
-    if len(cluster) < TF_CONFIG_LIMIT:  # cheap test first: the cluster alone may not fit
+    if plan.layout != TUNER_LAYOUT and len(cluster) < TF_CONFIG_LIMIT:  # cheap test first: the cluster alone may not fit
         tf_config = tf_config_json(cluster, proc.job, proc.index)
         if len(tf_config) <= TF_CONFIG_LIMIT:
             env[TF_CONFIG_VAR] = tf_config
@@ -219,16 +230,29 @@ def child_env(
     if interface and plan.layout == "allreduce":
         env.setdefault(NCCL_IFNAME_VAR, interface)
     env.update(jax_variables(plan, proc))
+    env.update(tuner_variables(plan, proc))
     return env
+
+
+def tuner_variables(plan: Plan, proc: Process) -> dict[str, str]:
+    """KerasTuner's distributed-mode variables for a process of layout tuner; empty for the others."""
+    if plan.layout != TUNER_LAYOUT:
+        return {}
+    oracle = plan.processes[0]  # the first node's chief (plan.node_roles)
+    return {
+        TUNER_ID_VAR: ORACLE_TUNER_ID if proc == oracle else f"tuner{proc.index}",
+        ORACLE_IP_VAR: oracle.host,
+        ORACLE_PORT_VAR: str(oracle.port),
+    }
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
     """``plan.to_json()`` with, on the jax layouts, each process's variables (``env``, see
     `jax_variables`): what ``--plan --format json`` prints."""
     data = plan.to_json()
-    if plan.is_jax:
+    if plan.is_jax or plan.layout == TUNER_LAYOUT:
         for entry, proc in zip(data["processes"], plan.processes):
-            entry["env"] = jax_variables(plan, proc)
+            entry["env"] = jax_variables(plan, proc) | tuner_variables(plan, proc)
     return data
 
 

@@ -23,6 +23,9 @@ PORT_BLOCKS = 500        # 20000 .. 29999
 MIN_PORT, MAX_PORT = 1024, 65535
 
 CHIEF, PS, WORKER = "chief", "ps", "worker"
+#: A KerasTuner trial worker (layout tuner); that layout's chief runs KerasTuner's oracle.
+TUNER = "tuner"
+TUNER_LAYOUT = "tuner"
 # Keras 3 on the JAX backend with keras.distribution: every process runs SCRIPT.
 JAX_LAYOUTS = ("jax", "jax-per-gpu")
 #: The layout of a heterogeneous job (`component_roles`).
@@ -69,6 +72,8 @@ class Plan:
     roles: tuple[str, ...] = ()
     #: Where the ports came from (`choose_port_base`), for --plan.
     ports_source: str = field(default="", compare=False)
+    #: Layout tuner: trial workers per node given by --tuners-per-node (None: one per GPU).
+    tuners_per_node: int | None = None
 
     def cluster_spec(self) -> dict[str, list[str]]:
         spec: dict[str, list[str]] = {}
@@ -105,8 +110,8 @@ class Plan:
 
     @property
     def every_process_runs_script(self) -> bool:
-        """Synchronous layouts (allreduce, jax): no chief; the job ends when every process has."""
-        return self.layout == "allreduce" or self.layout in JAX_LAYOUTS
+        """Synchronous layouts (allreduce, jax) and the tuner: the job ends when every process has."""
+        return self.layout in ("allreduce", TUNER_LAYOUT) or self.layout in JAX_LAYOUTS
 
     @property
     def is_jax(self) -> bool:
@@ -117,6 +122,11 @@ class Plan:
     def script_runners(self) -> list[Process]:
         """The processes that run the user's script (the chief, or every process of a synchronous layout)."""
         return [p for p in self.processes if self.runs_script(p)]
+
+    def speaks_for_itself(self, proc: Process) -> bool:
+        """Whether ``proc``'s output is shown; else it goes only to its log file unless it fails
+        on its own: one all-reduce worker speaks for all, the tuner's oracle for its trials."""
+        return not ((self.layout == "allreduce" and proc.job != CHIEF and proc.index != 0) or proc.job == TUNER)
 
     def runs_script(self, proc: Process) -> bool:
         """Whether ``proc`` (one of this plan's) runs the user's script: O(1), not a scan."""
@@ -134,6 +144,7 @@ class Plan:
                 for p in self.processes
             ],
             "component_roles": list(self.roles),
+            "tuners_per_node": self.tuners_per_node,
         }
 
     @classmethod
@@ -144,21 +155,24 @@ class Plan:
             host, port = p["address"].rsplit(":", 1)
             procs.append(Process(p["node"], nodes.index(p["node"]), p["job"], p["index"], host, int(port), tuple(p["gpus"])))
         return cls(data["scheduler"], data["job_id"], nodes, data["layout"], protocol, tuple(procs),
-                   tuple(data.get("component_roles", ())))
+                   tuple(data.get("component_roles", ())), tuners_per_node=data.get("tuners_per_node"))
 
 
-_JOB_ORDER = {CHIEF: 0, PS: 1, WORKER: 2}
+_JOB_ORDER = {CHIEF: 0, PS: 1, WORKER: 2, TUNER: 3}
 
 
 def node_roles(layout: str, node_index: int, gpus: Sequence[str],
-               role: str = BOTH_ROLES) -> list[tuple[str, tuple[str, ...]]]:
+               role: str = BOTH_ROLES, tuners: int | None = None) -> list[tuple[str, tuple[str, ...]]]:
     """The (job, GPUs) of each process on one node, in start order: the rank->role rule.
 
     ``role``: what the node's component runs in a heterogeneous job (`component_roles`): a
     parameter-server node runs one ps and leaves its GPUs unused; a workers node runs no ps.
+    ``tuners``: layout tuner's trial workers per node (None: one per GPU, or one).
     """
     if role == PS_ROLE:
         return [(PS, ())]
+    if layout == TUNER_LAYOUT:
+        return ([(CHIEF, ())] if node_index == 0 else []) + tuner_roles(gpus, tuners)
     chief = [(CHIEF, ())] if node_index == 0 and layout not in ("allreduce", *JAX_LAYOUTS) else []
     ps = [(PS, ())] if role == BOTH_ROLES else []
     if layout == "ps-per-node":
@@ -170,7 +184,22 @@ def node_roles(layout: str, node_index: int, gpus: Sequence[str],
         return [(WORKER, tuple(gpus))]
     if layout == "jax-per-gpu":
         return [(WORKER, (g,)) for g in gpus] or [(WORKER, ())]
-    raise ClusterConfigError(f"layout={layout!r} is unknown.", "use ps-per-node, worker-per-gpu, allreduce, jax or jax-per-gpu.")
+    raise ClusterConfigError(f"layout={layout!r} is unknown.",
+                             "use ps-per-node, worker-per-gpu, allreduce, jax, jax-per-gpu or tuner.")
+
+
+def tuner_roles(gpus: Sequence[str], tuners: int | None) -> list[tuple[str, tuple[str, ...]]]:
+    """A node's KerasTuner trial workers: one per GPU by default, or ``tuners`` that deal the GPUs out."""
+    if tuners is None:
+        return [(TUNER, (g,)) for g in gpus] or [(TUNER, ())]
+    if gpus and tuners > len(gpus):
+        raise ClusterConfigError(
+            f"--tuners-per-node {tuners}, but the node has {len(gpus)} GPU(s) ({','.join(gpus)}): a trial worker "
+            "would get none.",
+            f"pass --tuners-per-node {len(gpus)} or less (each worker gets len(GPUs)/N of them), or leave it out "
+            "for one worker per GPU.",
+        )
+    return [(TUNER, tuple(gpus[i::tuners])) for i in range(tuners)]
 
 
 def split_components(job: JobInfo, sizes: str | None) -> JobInfo:
@@ -291,22 +320,25 @@ def build_plan(
     protocol: str = "grpc",
     hosts: Mapping[str, str] | None = None,
     roles: tuple[str, ...] = (),
+    tuners_per_node: int | None = None,
 ) -> Plan:
     """Plan every process of the job.
 
     ``hosts`` maps a node name to the address others use to reach it (an interface IP,
     or ``localhost`` in local mode); by default the node name itself. ``roles``: what each
-    component of a heterogeneous job runs (`component_roles`).
+    component of a heterogeneous job runs (`component_roles`). ``tuners_per_node``: layout
+    tuner's trial workers per node (None: one per GPU).
     """
     node_role = [roles[c] if roles else BOTH_ROLES for c in job.node_components]
     _check_equal_gpus(job, layout, [r != PS_ROLE for r in node_role])
     placed = [(node_index, node, (hosts or {}).get(node, node), role, gpus)
               for node_index, node in enumerate(job.nodes)
-              for role, gpus in node_roles(layout, node_index, job.node_gpus[node_index], node_role[node_index])]
+              for role, gpus in node_roles(layout, node_index, job.node_gpus[node_index], node_role[node_index],
+                                           tuners_per_node)]
     per_host = collections.Counter(host for _, _, host, _, _ in placed)
     block = choose_port_base(job, port_base, max(per_host.values(), default=0) + EXTRA_PORTS)
     next_slot: dict[str, int] = {}
-    counters = {CHIEF: 0, PS: 0, WORKER: 0}
+    counters = {CHIEF: 0, PS: 0, WORKER: 0, TUNER: 0}
     processes = []
     for node_index, node, host, role, gpus in placed:
         slot = next_slot.get(host, 0)
@@ -332,7 +364,8 @@ def build_plan(
             f"({', '.join(f'{n}={r}' for n, r in zip(job.nodes, node_role))}).",
             "the job needs a node in each component; resubmit it (or requeue: --requeue).",
         )
-    return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes), roles, block.source)
+    return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes), roles, block.source,
+                tuners_per_node)
 
 
 def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:
@@ -351,13 +384,14 @@ def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:
                   node_index=0, rank=0, local_rank=0)
     hosts = {p.node: p.host for p in plan.processes}
     # The first process holds the first node's first port: the base every generation shares.
-    return build_plan(sub, plan.layout, plan.processes[0].port, plan.protocol, hosts, plan.roles)
+    return build_plan(sub, plan.layout, plan.processes[0].port, plan.protocol, hosts, plan.roles,
+                      plan.tuners_per_node)
 
 
 def _check_equal_gpus(job: JobInfo, layout: str, computes: Sequence[bool]) -> None:
     """TensorFlow needs the same number of GPUs per worker in these layouts (``computes``:
     the nodes that run workers)."""
-    if layout in ("worker-per-gpu", "jax-per-gpu"):
+    if layout in ("worker-per-gpu", "jax-per-gpu", TUNER_LAYOUT):
         return
     counts = {node: len(g) for node, g, works in zip(job.nodes, job.node_gpus, computes) if works}
     if len(set(counts.values())) > 1:

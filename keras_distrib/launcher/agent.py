@@ -47,7 +47,7 @@ from ..contract import PREEMPTED_EXIT_CODE, SETUP_EXIT_CODE
 from ..logs import ROOT as ROOT_LOGGER
 from ..logs import LineFormatter, NodeLogger
 from ..network import wait_reachable
-from ..plan import CHIEF, Plan, Process, process_for_task
+from ..plan import CHIEF, TUNER_LAYOUT, Plan, Process, process_for_task
 from . import control
 from . import requeue as requeue_job
 from .children import Child, describe_exit, shell_exit_code
@@ -172,10 +172,10 @@ class Agent(MembershipPolicy):
         elif self.spec.runs_check:
             argv = (sys.executable, "-m", "keras_distrib.check")
         else:
-            argv = (sys.executable, "-u", str(self.spec.script), *self.spec.script_args)
+            runner = ("-m", "keras_distrib.tuning") if self.plan.layout == TUNER_LAYOUT else ()
+            argv = (sys.executable, "-u", *runner, str(self.spec.script), *self.spec.script_args)
         verbose = self.spec.options.verbose
-        # allreduce workers other than 0 are quiet unless --verbose: one worker speaks for all.
-        quiet = self.plan.layout == "allreduce" and proc.job != CHIEF and proc.index != 0 and not verbose
+        quiet = not verbose and not self.plan.speaks_for_itself(proc)
         return Launch(proc, argv, script, banners=verbose, quiet=quiet)
 
     # -- transitions ------------------------------------------------------------------

@@ -74,6 +74,9 @@ def arg_parser(prog: str, local: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--component-sizes", default=None, metavar="SIZES",
                    help="split the job's nodes, in order, into components of these sizes, e.g. 2,1 (a PBS select of "
                         "two chunks, an LSF compound -R), whose roles --component-roles gives")
+    p.add_argument("--tuners-per-node", type=int, default=None, metavar="N",
+                   help="layout tuner: KerasTuner trial workers per node, the node's GPUs dealt out among them "
+                        "(default: one per GPU, one on a node without GPUs)")
     if local:
         p.add_argument("--nodes", type=int, default=2, help="number of emulated nodes (default 2)")
         p.add_argument("--gpus-per-node", default="", help="comma-separated GPU ids each emulated node reports")
@@ -103,7 +106,7 @@ def resolve_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Opt
             options = options.merged({"port_base": int(env_port)})
         except ValueError:
             raise ClusterConfigError(f"{PORT_BASE_VAR}={env_port!r} is not an integer.", f"unset it or set e.g. {PORT_BASE_VAR}=23000.") from None
-    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout", "require_gpus", "component_roles", "component_sizes")}
+    flags = {k: getattr(args, k, None) for k in ("layout", "port_base", "protocol", "interface", "startup_timeout", "shutdown_grace", "scheduler", "verbose", "heartbeat_timeout", "max_restarts", "requeue", "min_nodes", "max_nodes", "exit_code_file", "checkpoint_every", "log_dir", "hang_timeout", "require_gpus", "component_roles", "component_sizes", "tuners_per_node")}
     flags["isolate"] = getattr(args, "isolate", None)
     return validate(options.merged(flags))
 
@@ -222,7 +225,8 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             hosts = None
         job = split_components(job, options.component_sizes)
         roles = component_roles(job, options.layout, options.component_roles)
-        plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts, roles)
+        plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts, roles,
+                          options.tuners_per_node)
         hint = parser.agent_launch_hint if parser else "use --nodes."
         check_min_nodes(options, job)
         if args.plan:

@@ -161,7 +161,8 @@ def peer_event(report: control.PeerReport) -> Event | None:
 
 def readdressed(job: JobInfo, plan: Plan, hosts: Mapping[str, str]) -> Plan:
     """The same plan with the nodes reached at ``hosts`` (interface addresses)."""
-    return build_plan(job, plan.layout, plan.processes[0].port, plan.protocol, hosts, plan.roles)
+    return build_plan(job, plan.layout, plan.processes[0].port, plan.protocol, hosts, plan.roles,
+                      plan.tuners_per_node)
 
 
 def form_job(

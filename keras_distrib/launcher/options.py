@@ -13,7 +13,7 @@ from cluster_parsers.static import read_yaml
 
 from ..checkpoint_interval import INTERVAL_HINT, IntervalError, parse_interval
 
-LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu")
+LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu", "tuner")
 PORT_BASE_VAR = "KERAS_DISTRIB_PORT_BASE"
 
 
@@ -58,6 +58,8 @@ class Options:
     # Where the scheduler does not name a job's components (PBS, LSF): the nodes of each,
     # in the node list's order, "2,1".
     component_sizes: str | None = None
+    # Layout tuner: KerasTuner trial workers per node (None: one per GPU, one on a node without).
+    tuners_per_node: int | None = None
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -188,6 +190,24 @@ def validate(options: Options) -> Options:
             raise ClusterConfigError(f"scheduler={options.scheduler!r} is not a known scheduler.", f"use one of: {', '.join(known)}.")
     if not isinstance(options.isolate, bool):
         raise ClusterConfigError(f"isolate={options.isolate!r} is not true or false.", "e.g. 'isolate: false' or --no-isolation.")
+    _check_tuner_options(options)
     if not isinstance(options.verbose, bool):
         raise ClusterConfigError(f"verbose={options.verbose!r} is not true or false.", "e.g. 'verbose: true' or --verbose.")
     return options
+
+
+def _check_tuner_options(options: Options) -> None:
+    """--tuners-per-node only with layout tuner; layout tuner without --min-nodes."""
+    per_node = options.tuners_per_node
+    if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1):
+        raise ClusterConfigError(f"tuners-per-node={per_node!r} must be a whole number >= 1.",
+                                 "e.g. --tuners-per-node 2 (two KerasTuner trial workers per node).")
+    if per_node is not None and options.layout != "tuner":
+        raise ClusterConfigError(f"--tuners-per-node {per_node} is for layout tuner, but the layout is {options.layout}.",
+                                 "add --layout tuner, or drop --tuners-per-node.")
+    if options.layout == "tuner" and options.min_nodes is not None:
+        raise ClusterConfigError(
+            f"--min-nodes {options.min_nodes} with layout tuner: a search does not go on without a node.",
+            "drop --min-nodes; a dead trial worker is restarted (--max-restarts) and a requeued search resumes "
+            "from its directory (--requeue).",
+        )

@@ -9,17 +9,23 @@
   SCRIPT resumes from the last checkpoint. The workers keep running: a new coordinator
   re-creates its functions and datasets on them.
 * the chief dies (a signal, not its own exit code): SCRIPT restarts and resumes.
+* tuner, a trial worker dies: it restarts with its KERASTUNER_TUNER_ID, and KerasTuner's
+  oracle hands it its unfinished trial again. The oracle (chief) dies: everything restarts;
+  the new oracle reloads its state from the search's ``directory`` and retries the trials
+  that were running.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..plan import CHIEF, PS, Plan
+from ..plan import CHIEF, PS, TUNER, TUNER_LAYOUT, Plan
 
 
 def restart_targets(plan: Plan, dead: str) -> list[str]:
     """Names (``job:index``) of the processes to restart after ``dead`` died."""
+    if plan.layout == TUNER_LAYOUT:  # trial workers are independent; the oracle serves them all
+        return [p.name for p in plan.processes] if dead.startswith(CHIEF) else [dead]
     if plan.every_process_runs_script:  # allreduce and jax: lockstep replicas
         return [p.name for p in plan.processes]
     job = dead.split(":", 1)[0]
@@ -36,7 +42,10 @@ def restart_line(label: str, how: str, targets: list[str], dead: str, used: int,
     """
     others = [t for t in targets if t != dead]
     if not others:
-        todo = "restarting it"
+        todo = "restarting it" + ("; the oracle gives it its trial again" if dead.startswith(TUNER) else "")
+    elif any(t.startswith(TUNER) for t in targets):
+        todo = (f"restarting it and all {len(others)} trial workers; the search resumes from its directory, the "
+                "running trials again")
     elif any(t.startswith(CHIEF) for t in others) and len(targets) == 2:
         todo = "restarting it and the chief's SCRIPT, which resumes from its last checkpoint"
     else:

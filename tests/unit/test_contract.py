@@ -261,7 +261,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "keras_distrib"
 def every_child_env(tmp_path: Path) -> list[tuple[str, dict[str, str]]]:
     """child_env over a grid: every layout, every process kind, each option on and off."""
     cases = []
-    for layout in ("ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu"):
+    for layout in ("ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu", "tuner"):
         for gpus in ((), ("0", "1")):
             for hosts in (None, {"node00000": "10.0.0.1", "node00001": "10.0.0.2", "node00002": "10.0.0.3"}):
                 job = JobInfo("slurm", "7", ("node00000", "node00001", "node00002"), (1, 1, 1),

@@ -1,0 +1,75 @@
+"""Layout tuner: run an unchanged KerasTuner script as one process of a distributed search.
+
+The agent starts ``python -m keras_distrib.tuning SCRIPT ARGS`` in every process of the
+layout, with KerasTuner's variables set (contract.tuner_variables): the first node's
+first process runs the oracle (``KERASTUNER_TUNER_ID=chief``), the others run trials.
+Around SCRIPT this runner:
+
+* turns SIGUSR1 (time-limit warning) and SIGTERM (preemption) into exit code 75, which the
+  agent turns into a requeue: KerasTuner saves its oracle in the search's ``directory`` at
+  every trial's start and end, and the requeued oracle retries the trials that were running;
+* bounds a worker's wait for the oracle by ``--startup-timeout`` (KerasTuner waits an hour);
+* prints one line per trial the oracle sees end, naming the worker that ran it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import runpy
+import signal
+import sys
+from typing import Any, NoReturn
+
+from . import contract, progress
+from .logs import configure_script
+
+# Named, not __name__: run with -m, this module is __main__, outside the keras_distrib logger.
+logger = logging.getLogger("keras_distrib.tuning")
+
+
+def _preempted(signum: int, _frame: Any) -> NoReturn:
+    # KerasTuner's state is already on disk (the oracle saves at each trial's start and
+    # end): nothing to write, the running trials are retried after the requeue.
+    logger.info(f"got {signal.Signals(signum).name}: stopping; the search resumes from its directory after a requeue")
+    raise SystemExit(contract.PREEMPTED_EXIT_CODE)
+
+
+def _report(oracle: Any, tuner_id: str, trial_id: str) -> None:
+    """One line per ended trial: who ran it, its score, the best so far, how many are done."""
+    trial = oracle.trials[trial_id]
+    best = oracle.get_best_trials(1)
+    best_score = f"{best[0].score:.4g}" if best and best[0].score is not None else "none yet"
+    score = f"{trial.score:.4g}" if trial.score is not None else "no score"
+    total = f" of {oracle.max_trials}" if oracle.max_trials else ""
+    logger.info(f"trial {trial_id} {str(trial.status).lower()} on {tuner_id}: {oracle.objective.name} {score} "
+                f"(best {best_score}); {len(oracle.end_order)}{total} trials ended")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run SCRIPT (``argv[0]``) as ``__main__`` with ``argv`` as its ``sys.argv``."""
+    from . import _private_apis
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    configure_script()
+    try:
+        import keras_tuner  # noqa: F401 - checked before SCRIPT starts
+    except ImportError:
+        logger.error("layout tuner runs KerasTuner, which is not installed here. "
+                     "HINT: pip install 'keras-distrib[tuner]' (keras-tuner 1.4.8) in the job's environment")
+        return contract.SETUP_EXIT_CODE
+    progress.announce()  # the agent's "SCRIPT never called keras_distrib" does not apply
+    for signum in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(signum, _preempted)
+    if os.environ.get(contract.TUNER_ID_VAR) == contract.ORACLE_TUNER_ID:
+        _private_apis.on_trial_reported(_report)
+    else:
+        _private_apis.limit_oracle_wait(contract.startup_timeout(os.environ))
+    sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    runpy.run_path(argv[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
