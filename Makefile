@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,legacy,bench,jax,docs]"
+	$(PY) -m pip install --quiet -e ".[test,legacy,bench,jax,docs,tuner]"
 	touch $(STAMP)
 
 .PHONY: install demo test docs docs-serve

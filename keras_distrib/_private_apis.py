@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 #: The releases these private uses were checked against (pyproject.toml bounds the minors).
-TESTED_VERSIONS = {"tensorflow": "2.21.0", "keras": "3.15.1", "jax": "0.10.2"}
+TESTED_VERSIONS = {"tensorflow": "2.21.0", "keras": "3.15.1", "jax": "0.10.2", "keras_tuner": "1.4.8"}
 
 
 def agree_on_random_seed() -> None:

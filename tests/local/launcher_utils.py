@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -114,3 +116,48 @@ def listening_ports(pid: int | str = "self") -> set[int]:
             if fields[3] == "0A":  # LISTEN
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+class Job:
+    """A local launcher run whose output is collected line by line while the test acts."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.proc = start_local(args, cwd)
+        self.lines: list[str] = []
+        self.seen: set[int] = set()  # every child PID seen, to check none is left
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def count(self, needle: str) -> int:
+        return sum(needle in line for line in self.lines)
+
+    def pids(self, task: str) -> list[int]:
+        found = alive(processes_with_env("KERAS_DISTRIB_TASK", task, self.proc.pid))
+        self.seen.update(found)
+        return found
+
+    def kill(self, task: str, timeout: float = 300) -> None:
+        assert wait_for(lambda: len(self.pids(task)) == 1, timeout), f"{task} never ran\n{self.text()[-3000:]}"
+        subprocess.run(["kill", "-9", str(self.pids(task)[0])], check=True)
+
+    def wait(self, timeout: float = 600) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self._reader.join(timeout=10)
+        return code
+
+    def result(self, prefix: str) -> dict:
+        rows = [json.loads(line.split("] ", 1)[1]) for line in self.lines if line.startswith(prefix) and '] {"step"' in line]
+        assert rows, self.text()[-3000:]
+        return rows[-1]

@@ -34,10 +34,10 @@ SCRIPT_SIDE = ("strategies", "servers", "check", "data", "trainers", "checkpoint
 FORBIDDEN_IN_LAUNCHER = {"tensorflow", "keras", "tf_keras", "jax"} | {f"keras_distrib.{m}" for m in SCRIPT_SIDE}
 
 FENCE_NAME = "_private_apis.py"
-FOREIGN = ("tensorflow", "keras", "tf_keras", "jax", "jaxlib")
+FOREIGN = ("tensorflow", "keras", "tf_keras", "jax", "jaxlib", "keras_tuner")
 # Implementation trees of the foreign packages (their public API is re-exported elsewhere).
 PRIVATE_TREES = ("tensorflow.python", "tensorflow.core", "tensorflow.tsl", "tensorflow.compiler",
-                 "keras.src", "tf_keras.src", "jaxlib")
+                 "keras.src", "tf_keras.src", "jaxlib", "keras_tuner.src")
 # Underscore names that are public by convention (namedtuple's API).
 PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 
