@@ -14,6 +14,7 @@ Around SCRIPT this runner:
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import runpy
@@ -52,9 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     configure_script()
-    try:
-        import keras_tuner  # noqa: F401 - checked before SCRIPT starts
-    except ImportError:
+    if importlib.util.find_spec("keras_tuner") is None:
         logger.error("layout tuner runs KerasTuner, which is not installed here. "
                      "HINT: pip install 'keras-distrib[tuner]' (keras-tuner 1.4.8) in the job's environment")
         return contract.SETUP_EXIT_CODE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from slurm_cluster import SlurmTestCluster
 from test_launcher_slurm import LAUNCH, NODES, PS_PER_NODE, REPO, TIMEOUT, assert_nothing_left, error_lines, meaningful, sbatch_template
 
@@ -54,3 +55,27 @@ def test_digits_example_allreduce_through_srun(slurm_cluster: SlurmTestCluster, 
         "all-reduce workers must end with identical results"
     assert first["test_accuracy"] > 0.8
     assert_nothing_left(slurm_cluster)
+
+
+TUNER_TEMPLATE = REPO / "scripts" / "sbatch" / "tuner.sbatch"
+TUNER_EXAMPLE = REPO / "examples" / "digits_tuner.py"
+
+
+def test_a_kerastuner_search_through_the_sbatch_template(slurm_cluster: SlurmTestCluster, tmp_path: Path) -> None:
+    """The tuner template on 2 nodes (no GPUs: one trial worker each): KerasTuner's oracle on n1,
+    every trial ended, trials run on both nodes, the best trial printed, nothing left."""
+    pytest.importorskip("keras_tuner", reason="the [tuner] extra (keras-tuner) is not installed")
+    out = tmp_path / "tuner.out"
+    job = sbatch_template(slurm_cluster, TUNER_TEMPLATE, ["-N2", "--cpus-per-task=2", "-o", str(out)],
+                          [str(TUNER_EXAMPLE), "--trials", "4", "--epochs", "2", "--json",
+                           "--directory", str(tmp_path / "search")], tmp_path)
+    result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
+    text = out.read_text(errors="replace")
+    assert result == "COMPLETED" and result.exit_code == 0, text
+    lines = meaningful(text)
+    ended = [line for line in lines if line.startswith("[n1 chief:0] keras_distrib: trial ")]
+    assert len(ended) == 4, text
+    assert {line.split(" on ", 1)[1].split(":", 1)[0] for line in ended} == {"tuner0", "tuner1"}, text
+    assert result_line(lines, "[n1 chief:0]")["trials"] == 4
+    assert error_lines(text) == []
+    assert_nothing_left(slurm_cluster, job)

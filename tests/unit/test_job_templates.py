@@ -53,6 +53,7 @@ TEMPLATES = [
     Template("scripts/sbatch/jax.sbatch", "keras_distrib.slurm", "jax", "#SBATCH"),
     Template("scripts/sbatch/elastic.sbatch", "keras_distrib.slurm", '"$LAYOUT"', "#SBATCH"),
     Template("scripts/sbatch/ps-on-cpu-nodes.sbatch", "keras_distrib.slurm", "ps-per-node", "#SBATCH"),
+    Template("scripts/sbatch/tuner.sbatch", "keras_distrib.slurm", "tuner", "#SBATCH"),
     Template("scripts/pbs/ps-per-node.pbs", "keras_distrib.pbs", "ps-per-node", "#PBS"),
     Template("scripts/sge/ps-per-node.sge", "keras_distrib.sge", "ps-per-node", "#$"),
     Template("scripts/pbs/elastic.pbs", "keras_distrib.pbs", '"$LAYOUT"', "#PBS"),
