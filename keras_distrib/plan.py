@@ -123,6 +123,13 @@ class Plan:
         """The processes that run the user's script (the chief, or every process of a synchronous layout)."""
         return [p for p in self.processes if self.runs_script(p)]
 
+    def listeners(self) -> list[Process]:
+        """The processes that listen on their plan port once up: the TF servers (the JAX
+        processes, from keras_distrib.distribution()), or the tuner's oracle (from tuner.search())."""
+        if self.layout == TUNER_LAYOUT:
+            return [self.processes[0]]
+        return [p for p in self.processes if p.job != CHIEF]
+
     def speaks_for_itself(self, proc: Process) -> bool:
         """Whether ``proc``'s output is shown; else it goes only to its log file unless it fails
         on its own: one all-reduce worker speaks for all, the tuner's oracle for its trials."""

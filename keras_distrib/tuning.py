@@ -20,6 +20,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 from typing import Any, NoReturn
 
 from . import contract, progress
@@ -29,9 +30,18 @@ from .logs import configure_script
 logger = logging.getLogger("keras_distrib.tuning")
 
 
+#: Seconds the SystemExit of a stop signal has to end the process before it is ended hard.
+STOP_GRACE = 10.0
+
+
 def _preempted(signum: int, _frame: Any) -> NoReturn:
     # KerasTuner's state is already on disk (the oracle saves at each trial's start and
-    # end): nothing to write, the running trials are retried after the requeue.
+    # end): nothing to write, the running trials are retried after the requeue. A
+    # SystemExit raised where Python ignores exceptions (a weakref callback, a __del__)
+    # is lost, so a timer ends the process with the same code if it is still running.
+    timer = threading.Timer(STOP_GRACE, os._exit, args=(contract.PREEMPTED_EXIT_CODE,))
+    timer.daemon = True
+    timer.start()
     logger.info(f"got {signal.Signals(signum).name}: stopping; the search resumes from its directory after a requeue")
     raise SystemExit(contract.PREEMPTED_EXIT_CODE)
 

@@ -283,7 +283,7 @@ class Agent(MembershipPolicy):
 
     def _watch_startup(self) -> None:
         """Agent 0: report the TF servers that do not listen within the start-up timeout."""
-        servers = [p for p in self.plan.processes if p.job != CHIEF]
+        servers = self.plan.listeners()
         missing = wait_reachable([p.address for p in servers], self.spec.options.startup_timeout)
         self.post(StartupChecked(tuple(p for p in servers if p.address in missing)))
 
@@ -336,12 +336,17 @@ class Agent(MembershipPolicy):
         if not unreachable:
             return
         listing = control.first_few(f"{p.address} ({p.name} on {p.node})" for p in unreachable)
-        jax = self.plan.is_jax
-        what = "JAX processes never reached keras_distrib.distribution()" if jax else "TF servers are still unreachable"
+        if self.plan.is_jax:
+            what, first = ("JAX processes never reached keras_distrib.distribution()",
+                           "call keras_distrib.distribution() at the top of SCRIPT; if it is called, check")
+        elif self.plan.layout == TUNER_LAYOUT:
+            what, first = ("KerasTuner oracles never listened",
+                           "the oracle listens once SCRIPT calls tuner.search() on the first node; if it does, check")
+        else:
+            what, first = "TF servers are still unreachable", "check"
         self.fail(
-            f"after {self.spec.options.startup_timeout:.0f} s these {what}: {listing}. "
-            + ("HINT: call keras_distrib.distribution() at the top of SCRIPT; if it is called, check" if jax else "HINT: check")
-            + " that each name resolves to the right address on every node (getent hosts NODE), "
+            f"after {self.spec.options.startup_timeout:.0f} s these {what}: {listing}. HINT: {first}"
+            " that each name resolves to the right address on every node (getent hosts NODE), "
             "that no firewall blocks the ports, or pick the network with --interface",
             1,
         )
