@@ -52,8 +52,10 @@ def main() -> None:
     if os.environ.get("KERASTUNER_TUNER_ID", "chief") == "chief":
         best = tuner.oracle.get_best_trials(1)[0]
         if args.json:
+            import keras
+
             print(json.dumps({"best_score": best.score, "best_values": best.hyperparameters.values,
-                              "trials": len(tuner.oracle.trials)}))
+                              "trials": len(tuner.oracle.trials), "backend": keras.backend.backend()}))
         else:
             print(f"best val_accuracy {best.score:.4f} with {best.hyperparameters.values}")
 

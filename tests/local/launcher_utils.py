@@ -121,8 +121,8 @@ def listening_ports(pid: int | str = "self") -> set[int]:
 class Job:
     """A local launcher run whose output is collected line by line while the test acts."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        self.proc = start_local(args, cwd)
+    def __init__(self, args: list[str], cwd: Path, **extra_env: str) -> None:
+        self.proc = start_local(args, cwd, **extra_env)
         self.lines: list[str] = []
         self.seen: set[int] = set()  # every child PID seen, to check none is left
         self._reader = threading.Thread(target=self._read, daemon=True)

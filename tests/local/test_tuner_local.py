@@ -25,9 +25,9 @@ TRIALS, EPOCHS = 6, 3
 ENDED = re.compile(r"\[local0 chief:0\] keras_distrib: trial (\d+) (\w+) on (tuner\d+): val_accuracy")
 
 
-def search(tmp_path: Path, nodes: int) -> Job:
-    return Job(["--nodes", str(nodes), "--layout", "tuner", str(EXAMPLE), "--trials", str(TRIALS),
-                "--epochs", str(EPOCHS), "--json", "--directory", str(tmp_path / "search")], tmp_path)
+def search(tmp_path: Path, nodes: int, *options: str, **env: str) -> Job:
+    return Job(["--nodes", str(nodes), "--layout", "tuner", *options, str(EXAMPLE), "--trials", str(TRIALS),
+                "--epochs", str(EPOCHS), "--json", "--directory", str(tmp_path / "search")], tmp_path, **env)
 
 
 def ended(job: Job) -> list[tuple[str, str, str]]:
@@ -75,26 +75,34 @@ def test_a_search_on_two_nodes_stopped_by_a_time_limit_warning_resumes_and_ends_
     assert single.returncode == 0, single.stdout[-2000:] + single.stderr[-2000:]
     alone = json.loads(single.stdout.strip().splitlines()[-1])
     distributed = best(job)
-    assert distributed["trials"] == alone["trials"] == TRIALS
+    assert distributed["trials"] == alone["trials"] == TRIALS and distributed["backend"] == "tensorflow"
     assert abs(distributed["best_score"] - alone["best_score"]) <= 0.03, (distributed, alone)
 
 
-def test_a_trial_worker_then_the_oracle_killed_on_three_nodes_restart_and_the_search_ends(tmp_path: Path) -> None:
-    job = search(tmp_path, 3)
+def test_on_jax_a_frozen_and_a_killed_trial_worker_then_the_oracle_killed_restart_and_the_search_ends(
+        tmp_path: Path) -> None:
+    """Three nodes on Keras' JAX backend: tuner:2 frozen (SIGSTOP) is named by the watchdog and
+    restarted, tuner:1 killed mid-trial is restarted, then the oracle killed restarts the search."""
+    pytest.importorskip("jax", reason="the [jax] extra is not installed")
+    job = search(tmp_path, 3, "--hang-timeout", "5", KERAS_BACKEND="jax")
     assert running(job, 3), job.text()[-3000:]
     assert wait_for(lambda: ended(job), 300), job.text()[-3000:]
+    subprocess.run(["kill", "-STOP", str(job.pids("tuner:2")[0])], check=True)
+    assert wait_for(lambda: job.count("tuner:2 on local2 made no progress for"), 120), job.text()[-3000:]
     job.kill("tuner:1")
-    assert wait_for(lambda: len(ended(job)) >= 3, 300), job.text()[-3000:]
+    assert wait_for(lambda: job.count("tuner:1 on local1 exited with signal 9"), 60), job.text()[-3000:]
     job.kill("chief:0")
     assert job.wait(600) == 0, job.text()[-3000:]
     for line in ("tuner:1 on local1 exited with signal 9 (SIGKILL); restarting it; the oracle gives it its trial "
-                 "again (1/3)",
+                 "again (2/3)",
                  "chief:0 on local0 exited with signal 9 (SIGKILL); restarting it and all 3 trial workers; the search "
-                 "resumes from its directory, the running trials again (2/3)"):
+                 "resumes from its directory, the running trials again (3/3)"):
         assert job.count(line) == 1, (line, job.text()[-3000:])
+    frozen = [line for line in job.lines if "tuner:2 on local2 made no progress for" in line]
+    assert frozen and "restarting it; the oracle gives it its trial again (1/3)" in frozen[0], frozen
     done = ended(job)
     # A trial the oracle had not yet marked ended when it was killed runs again: at least once each.
     assert {int(t) for t, _, _ in done} == set(range(TRIALS)), job.text()[-3000:]
     assert len({worker for _, _, worker in done}) >= 2
-    assert best(job)["trials"] == TRIALS
+    assert best(job)["trials"] == TRIALS and best(job)["backend"] == "jax"
     assert len(job.seen) >= 4 and not alive(sorted(job.seen)), "a process of the search outlived it"
