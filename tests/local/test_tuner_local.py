@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from docs_blocks import command_lines
 from keras_distrib.contract import PREEMPTED_EXIT_CODE
 from launcher_utils import REPO, Job, alive, launcher_env, wait_for
 
@@ -26,8 +27,13 @@ ENDED = re.compile(r"\[local0 chief:0\] keras_distrib: trial (\d+) (\w+) on (tun
 
 
 def search(tmp_path: Path, nodes: int, *options: str, **env: str) -> Job:
-    return Job(["--nodes", str(nodes), "--layout", "tuner", *options, str(EXAMPLE), "--trials", str(TRIALS),
-                "--epochs", str(EPOCHS), "--json", "--directory", str(tmp_path / "search")], tmp_path, **env)
+    """docs/tuner.md's command, as a newcomer types it, on ``nodes`` nodes, with ``options``."""
+    [command] = command_lines("tuner-local")
+    assert command[:3] == ["python", "-m", "keras_distrib.local"] and command[-1] == "examples/digits_tuner.py"
+    args = command[3:-1]
+    args[args.index("--nodes") + 1] = str(nodes)
+    return Job([*args, *options, str(EXAMPLE), "--trials", str(TRIALS), "--epochs", str(EPOCHS), "--json",
+                "--directory", str(tmp_path / "search")], tmp_path, **env)
 
 
 def ended(job: Job) -> list[tuple[str, str, str]]:

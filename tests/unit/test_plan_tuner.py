@@ -90,3 +90,19 @@ def test_more_workers_than_gpus_is_refused_with_a_hint() -> None:
 def test_options_that_do_not_fit_the_tuner_are_refused_before_start(options: Options, message: str) -> None:
     with pytest.raises(ClusterConfigError, match=message):
         validate(options)
+
+
+def test_the_documented_plan_is_what_the_launcher_prints() -> None:
+    """docs/tuner.md's --plan command and its table (the header's job id is the launcher's PID)."""
+    import subprocess
+    import sys
+
+    from docs_blocks import REPO, command_lines, docs_block
+
+    [command] = command_lines("tuner-plan")
+    assert command[:3] == ["python", "-m", "keras_distrib.local"]
+    result = subprocess.run([sys.executable, *command[1:]], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    header, *table = result.stdout.strip().splitlines()
+    assert header.startswith("local job ") and header.endswith(": layout tuner, 2 node(s), 5 process(es), protocol grpc")
+    assert table == docs_block("tuner-plan-output").splitlines()
