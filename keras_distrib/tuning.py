@@ -8,6 +8,8 @@ Around SCRIPT this runner:
 * turns SIGUSR1 (time-limit warning) and SIGTERM (preemption) into exit code 75, which the
   agent turns into a requeue: KerasTuner saves its oracle in the search's ``directory`` at
   every trial's start and end, and the requeued oracle retries the trials that were running;
+  SIGINT (Ctrl-C) into exit code 130. Each ends the process even where Python would drop
+  the exception (a gc callback);
 * bounds a worker's wait for the oracle by ``--startup-timeout`` (KerasTuner waits an hour);
 * prints one line per trial the oracle sees end, naming the worker that ran it.
 """
@@ -34,16 +36,19 @@ logger = logging.getLogger("keras_distrib.tuning")
 STOP_GRACE = 10.0
 
 
-def _preempted(signum: int, _frame: Any) -> NoReturn:
-    # KerasTuner's state is already on disk (the oracle saves at each trial's start and
-    # end): nothing to write, the running trials are retried after the requeue. A
-    # SystemExit raised where Python ignores exceptions (a weakref callback, a __del__)
-    # is lost, so a timer ends the process with the same code if it is still running.
-    timer = threading.Timer(STOP_GRACE, os._exit, args=(contract.PREEMPTED_EXIT_CODE,))
+def _stop(signum: int, _frame: Any) -> NoReturn:
+    # SIGUSR1/SIGTERM: KerasTuner's state is already on disk (the oracle saves at each
+    # trial's start and end), so nothing to write; exit 75 asks the agent for a requeue,
+    # and the running trials run again. SIGINT (Ctrl-C): stop with 130. An exception raised
+    # where Python ignores exceptions (a gc or weakref callback, a __del__) is lost, so a
+    # timer ends the process with the same code if it is still running.
+    code = 128 + signum if signum == signal.SIGINT else contract.PREEMPTED_EXIT_CODE
+    timer = threading.Timer(STOP_GRACE, os._exit, args=(code,))
     timer.daemon = True
     timer.start()
-    logger.info(f"got {signal.Signals(signum).name}: stopping; the search resumes from its directory after a requeue")
-    raise SystemExit(contract.PREEMPTED_EXIT_CODE)
+    after = "" if signum == signal.SIGINT else "; the search resumes from its directory after a requeue"
+    logger.info(f"got {signal.Signals(signum).name}: stopping{after}")
+    raise SystemExit(code)
 
 
 def _report(oracle: Any, tuner_id: str, trial_id: str) -> None:
@@ -54,7 +59,7 @@ def _report(oracle: Any, tuner_id: str, trial_id: str) -> None:
     score = f"{trial.score:.4g}" if trial.score is not None else "no score"
     total = f" of {oracle.max_trials}" if oracle.max_trials else ""
     logger.info(f"trial {trial_id} {str(trial.status).lower()} on {tuner_id}: {oracle.objective.name} {score} "
-                f"(best {best_score}); {len(oracle.end_order)}{total} trials ended")
+                f"(best {best_score}); trials ended: {len(oracle.end_order)}{total}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                      "HINT: pip install 'keras-distrib[tuner]' (keras-tuner 1.4.8) in the job's environment")
         return contract.SETUP_EXIT_CODE
     progress.announce()  # the agent's "SCRIPT never called keras_distrib" does not apply
-    for signum in (signal.SIGUSR1, signal.SIGTERM):
-        signal.signal(signum, _preempted)
+    for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop)
     if os.environ.get(contract.TUNER_ID_VAR) == contract.ORACLE_TUNER_ID:
         _private_apis.on_trial_reported(_report)
     else:

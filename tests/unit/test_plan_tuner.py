@@ -106,3 +106,27 @@ def test_the_documented_plan_is_what_the_launcher_prints() -> None:
     header, *table = result.stdout.strip().splitlines()
     assert header.startswith("local job ") and header.endswith(": layout tuner, 2 node(s), 5 process(es), protocol grpc")
     assert table == docs_block("tuner-plan-output").splitlines()
+
+
+@pytest.mark.parametrize("signum, code", [(2, 130), (10, 75), (15, 75)])
+def test_a_stop_signal_ends_a_search_process_with_its_code_even_if_the_exception_is_lost(
+        monkeypatch: pytest.MonkeyPatch, signum: int, code: int) -> None:
+    """SIGINT: 130; SIGUSR1/SIGTERM: 75 (a requeue). A timer ends the process with the same code
+    if the SystemExit is dropped (raised inside a gc callback, as seen with Ctrl-C)."""
+    from keras_distrib import tuning
+
+    timers = []
+
+    class FakeTimer:
+        def __init__(self, seconds, fn, args):
+            timers.append((seconds, fn, args))
+            self.daemon = False
+
+        def start(self) -> None:
+            assert self.daemon, "the timer must not keep a finished process alive"
+
+    monkeypatch.setattr(tuning.threading, "Timer", FakeTimer)
+    with pytest.raises(SystemExit) as stopped:
+        tuning._stop(signum, None)
+    assert stopped.value.code == code
+    assert timers == [(tuning.STOP_GRACE, tuning.os._exit, (code,))]
