@@ -16,6 +16,7 @@ Around SCRIPT this runner:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -27,6 +28,7 @@ from typing import Any, NoReturn
 
 from . import contract, progress
 from .logs import configure_script
+from .plan import TUNER
 
 # Named, not __name__: run with -m, this module is __main__, outside the keras_distrib logger.
 logger = logging.getLogger("keras_distrib.tuning")
@@ -51,15 +53,23 @@ def _stop(signum: int, _frame: Any) -> NoReturn:
     raise SystemExit(code)
 
 
-def _report(oracle: Any, tuner_id: str, trial_id: str) -> None:
-    """One line per ended trial: who ran it, its score, the best so far, how many are done."""
+def _report(nodes: dict[str, str], oracle: Any, tuner_id: str, trial_id: str) -> None:
+    """One line per ended trial: who ran it (``nodes``: tuner id -> node), its score, the best
+    so far, how many are done."""
     trial = oracle.trials[trial_id]
     best = oracle.get_best_trials(1)
     best_score = f"{best[0].score:.4g}" if best and best[0].score is not None else "none yet"
     score = f"{trial.score:.4g}" if trial.score is not None else "no score"
     total = f" of {oracle.max_trials}" if oracle.max_trials else ""
-    logger.info(f"trial {trial_id} {str(trial.status).lower()} on {tuner_id}: {oracle.objective.name} {score} "
+    where = f"{tuner_id} ({nodes[tuner_id]})" if tuner_id in nodes else tuner_id
+    logger.info(f"trial {trial_id} {str(trial.status).lower()} on {where}: {oracle.objective.name} {score} "
                 f"(best {best_score}); trials ended: {len(oracle.end_order)}{total}")
+
+
+def _tuner_nodes() -> dict[str, str]:
+    """Each trial worker's node, by KERASTUNER_TUNER_ID, from the plan file (empty without one)."""
+    plan = contract.read_plan(os.environ) or {"processes": []}
+    return {f"tuner{p['index']}": p["node"] for p in plan["processes"] if p["job"] == TUNER}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop)
     if os.environ.get(contract.TUNER_ID_VAR) == contract.ORACLE_TUNER_ID:
-        _private_apis.on_trial_reported(_report)
+        _private_apis.on_trial_reported(functools.partial(_report, _tuner_nodes()))
     else:
         _private_apis.limit_oracle_wait(contract.startup_timeout(os.environ))
     sys.argv = argv

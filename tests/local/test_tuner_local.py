@@ -23,7 +23,7 @@ pytest.importorskip("keras_tuner", reason="the [tuner] extra (keras-tuner) is no
 
 EXAMPLE = REPO / "examples" / "digits_tuner.py"
 TRIALS, EPOCHS = 6, 3
-ENDED = re.compile(r"\[local0 chief:0\] keras_distrib: trial (\d+) (\w+) on (tuner\d+): val_accuracy")
+ENDED = re.compile(r"\[local0 chief:0\] keras_distrib: trial (\d+) (\w+) on (tuner\d+) \(local\d\): val_accuracy")
 
 
 def search(tmp_path: Path, nodes: int, *options: str, **env: str) -> Job:

@@ -75,7 +75,7 @@ def test_a_kerastuner_search_through_the_sbatch_template(slurm_cluster: SlurmTes
     lines = meaningful(text)
     ended = [line for line in lines if line.startswith("[n1 chief:0] keras_distrib: trial ")]
     assert len(ended) == 4, text
-    assert {line.split(" on ", 1)[1].split(":", 1)[0] for line in ended} == {"tuner0", "tuner1"}, text
+    assert {line.split(" on ", 1)[1].split(":", 1)[0] for line in ended} == {"tuner0 (n1)", "tuner1 (n2)"}, text
     assert result_line(lines, "[n1 chief:0]")["trials"] == 4
     assert error_lines(text) == []
     assert_nothing_left(slurm_cluster, job)
