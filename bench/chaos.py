@@ -209,7 +209,7 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
         for node in list(cut):
             cluster.set_link(node, up=True)
         cluster.head(["scancel", str(job)], timeout=30)
-    run.result["job"] = job
+    run.result["job"], run.result["checkpoints"] = job, str(ck)
     return state, out.read_text(errors="replace")
 
 
@@ -237,10 +237,33 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
             continue
         if not re.search(NAMED_BY[fault.kind].format(node=fault.node), text):
             run.problems.append(f"no line names {fault.kind} on {fault.node}")
+    run.problems += checkpoint_problems(run.result.get("checkpoints"))
     procs, ports = cluster.leftovers(r"keras_distrib|fit\.py|fit_jax\.py", 60)
     if procs or any(ports.values()):
         run.problems.append(f"left running: {procs} {ports}")
     run.result["errors"] = len(error_lines(text))
+
+
+def checkpoint_problems(directory: str | None) -> list[str]:
+    """A checkpoint directory after the job: every ``ckpt-*`` readable (its meta.json and TF
+    index), their steps increasing with their names; a jax run's Keras backup readable JSON."""
+    from keras_distrib.checkpoints import CheckpointStore
+
+    if not directory or not Path(directory).is_dir():
+        return []
+    ck = Path(directory)
+    problems = []
+    named = sorted(p.name for p in ck.glob("ckpt-*"))
+    readable = CheckpointStore(ck, writer=False).complete()
+    if len(readable) != len(named):
+        problems.append(f"checkpoints without readable meta.json: {sorted(set(named) - {p.name for p, _ in readable})}")
+    problems += [f"{path.name} has no TF checkpoint index" for path, _ in readable if not any(path.rglob("*.index"))]
+    for backup in ck.rglob("training_metadata.json"):
+        try:
+            json.loads(backup.read_text())
+        except ValueError:
+            problems.append(f"{backup} is not JSON")
+    return problems
 
 
 def exit_code_of(cluster, job: int) -> int | None:

@@ -43,3 +43,25 @@ def test_a_fault_line_says_when_what_where_and_how_long() -> None:
     text = describe(3, "ps-per-node", faults)
     assert text.splitlines()[0] == "seed 3, layout ps-per-node: 4 fault(s)"
     assert all(" freeze " in line and " s  " in line and line.endswith(" s") for line in text.splitlines()[1:])
+
+
+def test_the_chaos_check_finds_each_kind_of_spoiled_checkpoint(tmp_path: Path) -> None:
+    import json
+
+    from chaos import checkpoint_problems
+
+    meta = {"step": 1, "epoch": 0, "step_in_epoch": 1, "steps_per_epoch": 10, "layout": "allreduce",
+            "signature": "x", "saved_at": 0.0}
+    for name, files in {"ckpt-000000000001": {"meta.json": json.dumps(meta), "ckpt.index": ""},
+                        "ckpt-000000000002": {"ckpt.index": ""},
+                        "ckpt-000000000003": {"meta.json": json.dumps({**meta, "step": 3})}}.items():
+        (tmp_path / name).mkdir()
+        for file, text in files.items():
+            (tmp_path / name / file).write_text(text)
+    assert checkpoint_problems(str(tmp_path)) == [
+        "checkpoints without readable meta.json: ['ckpt-000000000002']",
+        "ckpt-000000000003 has no TF checkpoint index"]
+    (tmp_path / "backup").mkdir()
+    (tmp_path / "backup" / "training_metadata.json").write_text("{cut")
+    assert checkpoint_problems(str(tmp_path))[-1].endswith("training_metadata.json is not JSON")
+    assert checkpoint_problems(str(tmp_path / "missing")) == []
