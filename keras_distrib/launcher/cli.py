@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from cluster_parsers import FORCE_VAR, ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
 
-from .options import LAYOUTS, PORT_BASE_VAR, Options, load_config, validate
+from .options import LAYOUTS, PORT_BASE_VAR, Options, check_backend, load_config, validate
 from ..contract import KERAS_BACKEND_VAR, plan_json
 from ..logs import configure_launcher
 from ..plan import Plan, build_plan, check_task_counts, component_roles, split_components, tasks_mode
@@ -233,6 +233,8 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
             check_task_counts(job, plan, hint)
             print(json.dumps(plan_json(plan)) if args.format == "json" else format_table(plan, job))
             return 0
+        if args.script and not args.check:
+            check_backend(options.layout, env)
         mode = tasks_mode(job, plan, hint)
         check_min_nodes(options, job, mode, bool(args.check or args.script is None))
         if getattr(args, "join", False):

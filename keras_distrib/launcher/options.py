@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from cluster_parsers import ClusterConfigError, all_parsers
 from cluster_parsers.static import read_yaml
 
 from ..checkpoint_interval import INTERVAL_HINT, IntervalError, parse_interval
+from ..contract import KERAS_BACKEND_VAR
+from ..plan import JAX_LAYOUTS
 
 LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce", "jax", "jax-per-gpu", "tuner")
 PORT_BASE_VAR = "KERAS_DISTRIB_PORT_BASE"
@@ -210,4 +215,38 @@ def _check_tuner_options(options: Options) -> None:
             f"--min-nodes {options.min_nodes} with layout tuner: a search does not go on without a node.",
             "drop --min-nodes; a dead trial worker is restarted (--max-restarts) and a requeued search resumes "
             "from its directory (--requeue).",
+        )
+
+
+#: The layouts that train with TensorFlow's tf.distribute (Keras on the TensorFlow backend).
+TENSORFLOW_LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce")
+
+
+def keras_backend(environ: Mapping[str, str]) -> tuple[str, str]:
+    """The backend SCRIPT's Keras will pick, and where that comes from (as Keras decides it:
+    ``KERAS_BACKEND``, else ``backend`` in ``$KERAS_HOME/keras.json`` or ``~/.keras/keras.json``)."""
+    if environ.get(KERAS_BACKEND_VAR):
+        return environ[KERAS_BACKEND_VAR], f"{KERAS_BACKEND_VAR}={environ[KERAS_BACKEND_VAR]}"
+    home = Path(environ.get("KERAS_HOME") or Path(environ.get("HOME") or Path.home()) / ".keras")
+    try:
+        backend = json.loads((home / "keras.json").read_text()).get("backend")
+    except (OSError, ValueError, AttributeError):
+        backend = None
+    return (backend, f"backend in {home / 'keras.json'}") if isinstance(backend, str) else ("tensorflow", "")
+
+
+def check_backend(layout: str, environ: Mapping[str, str]) -> None:
+    """Refuse, before anything starts, a layout whose framework is not the backend Keras will use."""
+    backend, source = keras_backend(environ)
+    if layout in TENSORFLOW_LAYOUTS and backend != "tensorflow":
+        raise ClusterConfigError(
+            f"Keras will run on {backend} ({source}), but layout {layout} trains with TensorFlow's tf.distribute.",
+            "use --layout jax (synchronous, keras.distribution) for Keras on JAX, or --layout tuner for a KerasTuner "
+            f"search; or set KERAS_BACKEND=tensorflow for layout {layout}.",
+        )
+    if layout in JAX_LAYOUTS and environ.get(KERAS_BACKEND_VAR, "jax") != "jax":
+        raise ClusterConfigError(
+            f"{KERAS_BACKEND_VAR}={environ[KERAS_BACKEND_VAR]}, but layout {layout} runs Keras on JAX.",
+            "unset KERAS_BACKEND (the layout sets it to jax), or use --layout allreduce or ps-per-node for "
+            "TensorFlow.",
         )

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from _unit_helpers import FIXTURES, fixture_env, run_cli
 
-from cluster_parsers import JobInfo
+from cluster_parsers import ClusterConfigError, JobInfo
 from keras_distrib import contract
 from keras_distrib.contract import jax_variables as jax_env
 from keras_distrib.plan import build_plan
+
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.unit
 
@@ -154,3 +160,43 @@ def test_unequal_gpus_need_jax_per_gpu() -> None:
     with pytest.raises(ClusterConfigError, match="use --layout jax-per-gpu"):
         build_plan(unequal, "jax")
     assert [p.gpus for p in build_plan(unequal, "jax-per-gpu").processes] == [("0",), ("1",), ("0",)]
+
+
+@pytest.mark.parametrize("env, keras_json, layout, refused", [
+    ({"KERAS_BACKEND": "jax"}, None, "ps-per-node", "Keras will run on jax (KERAS_BACKEND=jax), but layout ps-per-node"),
+    ({"KERAS_BACKEND": "torch"}, None, "allreduce", "Keras will run on torch (KERAS_BACKEND=torch), but layout allreduce"),
+    ({}, "jax", "worker-per-gpu", "Keras will run on jax (backend in "),
+    ({"KERAS_BACKEND": "tensorflow"}, None, "jax", "KERAS_BACKEND=tensorflow, but layout jax runs Keras on JAX"),
+    ({"KERAS_BACKEND": "tensorflow"}, "jax", "ps-per-node", None),  # the variable wins, as in Keras
+    ({}, "tensorflow", "jax-per-gpu", None),  # the file Keras writes by default is no choice
+    ({"KERAS_BACKEND": "jax"}, None, "jax", None),
+    ({"KERAS_BACKEND": "jax"}, None, "tuner", None),
+    ({"KERAS_BACKEND": "torch"}, None, "tuner", None),
+    ({}, None, "ps-per-node", None),
+])
+def test_a_backend_that_does_not_fit_the_layout_is_refused_before_start(tmp_path: Path, env: dict, keras_json: str | None,
+                                                                         layout: str, refused: str | None) -> None:
+    from keras_distrib.launcher.options import check_backend
+
+    if keras_json:
+        (tmp_path / "keras.json").write_text(json.dumps({"backend": keras_json, "floatx": "float32"}))
+    environ = {"KERAS_HOME": str(tmp_path), **env}
+    if refused is None:
+        check_backend(layout, environ)
+        return
+    with pytest.raises(ClusterConfigError, match=re.escape(refused)) as err:
+        check_backend(layout, environ)
+    assert "--layout" in err.value.hint or "KERAS_BACKEND" in err.value.hint
+
+
+def test_the_launcher_refuses_it_in_one_line_before_anything_starts(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    run = subprocess.run([sys.executable, "-m", "keras_distrib.local", "--nodes", "2", "--layout", "ps-per-node",
+                          str(script)], env={**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.splitlines() == [
+        "keras_distrib: error: Keras will run on jax (KERAS_BACKEND=jax), but layout ps-per-node trains with "
+        "TensorFlow's tf.distribute. HINT: use --layout jax (synchronous, keras.distribution) for Keras on JAX, or "
+        "--layout tuner for a KerasTuner search; or set KERAS_BACKEND=tensorflow for layout ps-per-node."]
