@@ -130,3 +130,22 @@ def test_a_stop_signal_ends_a_search_process_with_its_code_even_if_the_exception
         tuning._stop(signum, None)
     assert stopped.value.code == code
     assert timers == [(tuning.STOP_GRACE, tuning.os._exit, (code,))]
+
+
+@pytest.mark.parametrize("fixture, module", [("slurm_gpu_step", "keras_distrib.slurm"), ("pbs_job", "keras_distrib.pbs"),
+                                             ("sge_job", "keras_distrib.sge"), ("lsf_jsrun_r1_a1", "keras_distrib.lsf")])
+def test_every_scheduler_plans_the_oracle_and_its_trial_workers(fixture: str, module: str) -> None:
+    """Environments recorded from (or copied from the documentation of) each scheduler."""
+    import json
+
+    from _unit_helpers import fixture_env, run_cli
+
+    result = run_cli(fixture_env(fixture), "--layout", "tuner", "--plan", "--format", "json", module=module)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    ids = [p["env"][contract.TUNER_ID_VAR] for p in plan["processes"]]
+    assert ids[0] == "chief" and ids[1:] == [f"tuner{i}" for i in range(len(ids) - 1)] and len(ids) >= 3
+    first = plan["processes"][0]
+    assert {p["env"][contract.ORACLE_IP_VAR] + ":" + p["env"][contract.ORACLE_PORT_VAR] for p in plan["processes"]} \
+        == {first["address"]}
+    assert {p["node"] for p in plan["processes"][1:]} == set(plan["nodes"]), "a trial worker on every node"
