@@ -62,7 +62,11 @@ def _report(nodes: dict[str, str], oracle: Any, tuner_id: str, trial_id: str) ->
     score = f"{trial.score:.4g}" if trial.score is not None else "no score"
     total = f" of {oracle.max_trials}" if oracle.max_trials else ""
     where = f"{tuner_id} ({nodes[tuner_id]})" if tuner_id in nodes else tuner_id
-    logger.info(f"trial {trial_id} {str(trial.status).lower()} on {where}: {oracle.objective.name} {score} "
+    # The worker's error does not travel to the oracle (KerasTuner's protocol has no field
+    # for it): name the worker's log file (launcher.workers.log_file_name), which has it.
+    failed = trial.score is None and tuner_id.startswith(TUNER)
+    why = f" (its error is in {TUNER}-{tuner_id.removeprefix(TUNER)}.log)" if failed else ""
+    logger.info(f"trial {trial_id} {str(trial.status).lower()} on {where}{why}: {oracle.objective.name} {score} "
                 f"(best {best_score}); trials ended: {len(oracle.end_order)}{total}")
 
 

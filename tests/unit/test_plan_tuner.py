@@ -149,3 +149,22 @@ def test_every_scheduler_plans_the_oracle_and_its_trial_workers(fixture: str, mo
     assert {p["env"][contract.ORACLE_IP_VAR] + ":" + p["env"][contract.ORACLE_PORT_VAR] for p in plan["processes"]} \
         == {first["address"]}
     assert {p["node"] for p in plan["processes"][1:]} == set(plan["nodes"]), "a trial worker on every node"
+
+
+def test_the_oracle_names_each_ended_trial_its_worker_and_where_a_failure_is(caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from keras_distrib import tuning
+
+    done = SimpleNamespace(score=0.91, status="COMPLETED")
+    failed = SimpleNamespace(score=None, status="FAILED")
+    oracle = SimpleNamespace(trials={"03": done, "04": failed}, max_trials=6, end_order=["00", "01", "02", "03"],
+                             objective=SimpleNamespace(name="val_accuracy"),
+                             get_best_trials=lambda n: [SimpleNamespace(score=0.95)])
+    with caplog.at_level("INFO", logger="keras_distrib.tuning"):
+        tuning._report({"tuner1": "n2"}, oracle, "tuner1", "03")
+        tuning._report({"tuner1": "n2"}, oracle, "tuner2", "04")
+    assert [r.getMessage() for r in caplog.records] == [
+        "trial 03 completed on tuner1 (n2): val_accuracy 0.91 (best 0.95); trials ended: 4 of 6",
+        "trial 04 failed on tuner2 (its error is in tuner-2.log): val_accuracy no score (best 0.95); trials ended: 4 of 6",
+    ]
