@@ -40,6 +40,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true", help="print the best trial as one JSON line")
+    p.add_argument("--summary", action="store_true",
+                   help="every process prints KerasTuner's results summary, as a single-process script would "
+                        "(a trial worker asks the oracle for it)")
     args = p.parse_args()
 
     d = load_digits()
@@ -48,6 +51,8 @@ def main() -> None:
     tuner = keras_tuner.RandomSearch(build_model, objective="val_accuracy", max_trials=args.trials,
                                      seed=args.seed, directory=args.directory, project_name="digits")
     tuner.search(x_train, y_train, epochs=args.epochs, validation_data=(x_val, y_val), verbose=0)
+    if args.summary:
+        tuner.results_summary(num_trials=1)
     # After the search only the oracle holds the results: the trial workers have ended their part.
     if os.environ.get("KERASTUNER_TUNER_ID", "chief") == "chief":
         best = tuner.oracle.get_best_trials(1)[0]

@@ -173,27 +173,53 @@ def limit_oracle_wait(seconds: float) -> None:
     oracle_client.TIMEOUT = seconds
 
 
-def on_trial_reported(report: Any) -> None:
-    """On the oracle's process: call ``report(oracle, tuner_id, trial_id)`` after each
-    trial a worker reports as ended.
+def serve_oracle(report: Any, poll: float) -> Any:
+    """On the oracle's process: call ``report(oracle, tuner_id, trial_id)`` after each trial a
+    worker reports ended, notice the search's end within ``poll`` seconds, and keep serving
+    after it. Returns a function giving the seconds since the oracle last answered a worker
+    (None before it serves).
 
     Upstream: KerasTuner 1.4's chief serves the workers through
-    ``keras_tuner.src.distribute.oracle_chief.OracleServicer``; no public hook sees which
-    worker ended which trial.
+    ``keras_tuner.src.distribute.oracle_chief``; no public hook sees which worker ended which
+    trial. Its ``start_server`` checks every 20 s (``time.sleep(20)``) whether the last worker
+    has gone, and stops serving when it returns, so a worker asking for results after its
+    search (``tuner.results_summary()``) finds no oracle once the chief has moved on.
     """
+    import time as real_time
+    import types
+
+    import grpc
     from keras_tuner.src.distribute import oracle_chief
 
+    last: list[float] = []
+    servers: list[Any] = []  # held, so the server outlives start_server (its only reference)
+
+    def answered(method: Any) -> Any:
+        def call(self: Any, request: Any, context: Any) -> Any:
+            if method.__name__ != "EndTrial":
+                response = method(self, request, context)
+                last[:] = [real_time.monotonic()]
+                return response
+            ended = request.trial.trial_id  # whose it was: known only before the oracle ends it
+            tuner_id = next((t for t, trial in self.oracle.ongoing_trials.items() if trial.trial_id == ended), "?")
+            response = method(self, request, context)
+            last[:] = [real_time.monotonic()]
+            try:
+                report(self.oracle, tuner_id, ended)
+            except Exception:  # a progress line must never fail the search
+                pass
+            return response
+        return call
+
     servicer = oracle_chief.OracleServicer
-    original = servicer.EndTrial
+    for name in ("GetSpace", "UpdateSpace", "CreateTrial", "UpdateTrial", "EndTrial", "GetTrial", "GetBestTrials"):
+        setattr(servicer, name, answered(getattr(servicer, name)))
 
-    def end_trial(self: Any, request: Any, context: Any) -> Any:
-        trial_id = request.trial.trial_id
-        tuner_id = next((t for t, trial in self.oracle.ongoing_trials.items() if trial.trial_id == trial_id), "?")
-        response = original(self, request, context)
-        try:
-            report(self.oracle, tuner_id, trial_id)
-        except Exception:  # a progress line must never fail the search
-            pass
-        return response
+    def server(*args: Any, **kwargs: Any) -> Any:
+        servers.append(grpc.server(*args, **kwargs))
+        last[:] = [real_time.monotonic()]
+        return servers[-1]
 
-    servicer.EndTrial = end_trial
+    oracle_chief.grpc = types.SimpleNamespace(server=server)
+    oracle_chief.time = types.SimpleNamespace(sleep=lambda s: real_time.sleep(min(s, poll)))
+    return lambda: real_time.monotonic() - last[0] if last else None

@@ -11,7 +11,10 @@ Around SCRIPT this runner:
   SIGINT (Ctrl-C) into exit code 130. Each ends the process even where Python would drop
   the exception (a gc callback);
 * bounds a worker's wait for the oracle by ``--startup-timeout`` (KerasTuner waits an hour);
-* prints one line per trial the oracle sees end, naming the worker that ran it.
+* prints one line per trial the oracle sees end, naming the worker that ran it;
+* lets the oracle notice the search's end within 1 s (KerasTuner polls every 20 s), and
+  keeps it serving after SCRIPT until no worker asked for ``ORACLE_IDLE`` seconds (a
+  worker's own code after its search may ask it for the results).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 from typing import Any, NoReturn
 
 from . import contract, progress
@@ -36,6 +40,8 @@ logger = logging.getLogger("keras_distrib.tuning")
 
 #: Seconds the SystemExit of a stop signal has to end the process before it is ended hard.
 STOP_GRACE = 10.0
+#: After SCRIPT ends on the oracle's process, it keeps serving until no worker asked for this long.
+ORACLE_IDLE = 5.0
 
 
 def _stop(signum: int, _frame: Any) -> NoReturn:
@@ -89,14 +95,24 @@ def main(argv: list[str] | None = None) -> int:
     progress.announce()  # the agent's "SCRIPT never called keras_distrib" does not apply
     for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _stop)
-    if os.environ.get(contract.TUNER_ID_VAR) == contract.ORACLE_TUNER_ID:
-        _private_apis.on_trial_reported(functools.partial(_report, _tuner_nodes()))
+    oracle = os.environ.get(contract.TUNER_ID_VAR) == contract.ORACLE_TUNER_ID
+    if oracle:
+        idle = _private_apis.serve_oracle(functools.partial(_report, _tuner_nodes()), poll=1.0)
     else:
         _private_apis.limit_oracle_wait(contract.startup_timeout(os.environ))
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     runpy.run_path(argv[0], run_name="__main__")
+    if oracle:
+        _answer_late_workers(idle)
     return 0
+
+
+def _answer_late_workers(idle: Any) -> None:
+    """After SCRIPT, keep the oracle serving until no worker asked for ORACLE_IDLE seconds:
+    a worker's own code after its search (``tuner.results_summary()``) asks the oracle."""
+    while (seconds := idle()) is not None and seconds < ORACLE_IDLE:
+        time.sleep(ORACLE_IDLE - seconds)
 
 
 if __name__ == "__main__":
