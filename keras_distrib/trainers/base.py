@@ -95,8 +95,8 @@ class Trainer:
         self.custom_steps = step_contract.overridden_steps(model)
         self.metrics = MetricSet(model)
         #: Per trained epoch: {"epoch", "seconds", "steps", "steps_per_sec",
-        #: "worker_steps_per_sec": {worker: steps/s up to its last step}} (public; seconds exclude
-        #: validation).
+        #: "worker_steps_per_sec": {worker: steps/s over the seconds its closures ran on it}}
+        #: (public; seconds exclude validation).
         self.epoch_stats: list[dict[str, Any]] = []
         self._last_epoch = -1  # the last epoch of the running fit (`_epoch_loop`)
 
@@ -106,8 +106,9 @@ class Trainer:
     #: Training steps each worker ran in the last epoch ({worker index: steps}); filled by
     #: runners that can tell (parameter server), empty in lockstep all-reduce.
     worker_steps: dict[int, int] = {}
-    #: Seconds each worker of `worker_steps` was busy in that epoch (to its last step), where
-    #: known: its steps/s is over those, so a smaller shard is not taken for a slow worker.
+    #: Seconds each worker of `worker_steps` was busy in that epoch (its closures' run time on
+    #: its own clock), where known: its steps/s is over those, so neither a smaller shard nor
+    #: a chief slow to read its results is taken for a slow worker.
     worker_busy: dict[int, float] = {}
     #: True when a worker failed in the last epoch and its closures ran again: the epoch's
     #: per-worker rates measure the recovery, not a worker's speed (stragglers.py).

@@ -5,7 +5,9 @@ consecutive epochs of the same fit, neither of which had a worker fail (its clos
 again, elsewhere or after its restart: those rates measure the recovery). One epoch is not
 enough: the first epoch of a fit mixes start-up and compilation (measured in local mode:
 4.5 vs 1.9 steps/s in epoch 1, even in epoch 2), and a shared machine has slow moments. Parameter-server layouts only,
-where the coordinator counts each worker's closures; all-reduce workers run in lockstep,
+where the coordinator counts each worker's closures and each closure reports how long it ran
+on its worker's own clock (so neither a smaller shard nor a chief slow to read results, as on
+a loaded machine, makes a worker look slow); all-reduce workers run in lockstep,
 so they all run at the slowest one's pace (TensorFlow does not expose the time each
 waited in the collectives).
 """

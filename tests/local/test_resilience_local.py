@@ -160,7 +160,7 @@ def test_a_worker_killed_in_a_counted_epoch_of_files_is_restarted_and_later_epoc
     assert code == 0, f"seed {SEED}\n{job.text()[-4000:]}"
     assert job.count("counted in the first") == 1, job.text()[-3000:]
     # Shards of 165 and 527 batches: the worker with the smaller one idles after it, and is
-    # not named a straggler for that (its rate counts the time up to its last step).
+    # not named a straggler for that (its rate counts the seconds its closures ran on it).
     assert job.count("is a straggler") == 0, job.text()[-3000:]
     result = job.result("[local0 chief:0]")
     n = result["n"]

@@ -8,7 +8,6 @@ Nothing here imports TensorFlow at import time.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from typing import Any
 
@@ -71,10 +70,9 @@ class EpochRun(ClosureQueue):
         # Where each shard's size is known, closures beyond what its shards still need are
         # not scheduled (see `ParameterServerTrainer._window`).
         self.per_shard = inp.window_shards(self.steps)
-        # Seconds from the start to each worker's last closure with steps: a worker whose
-        # shard is smaller (files dealt whole) idles after it, and is not slow for that.
+        # Seconds each worker's closures ran, on its own clock: a worker whose shard is smaller
+        # (files dealt whole) idles after it, and one the chief folds late is not slow for that.
         self.busy: dict[int, float] = {}
-        self.started = time.perf_counter()
         if training:
             trainer.worker_steps, trainer.worker_busy = self.done, self.busy
             trainer.workers_recovered = False
@@ -188,12 +186,12 @@ class EpochRun(ClosureQueue):
         shard = int(vector[0])  # the worker's: steps per worker (stragglers, `_window`)
         if vector[1]:
             self.exhausted.add(shard)
-        out = unpack_totals(vector[2:], self.reset)
+        out = unpack_totals(vector[3:], self.reset)
         out["logs"] = logs
         self.done[shard] = self.done.get(shard, 0) + int(out["steps"])
         self.totals.add(out)
-        if out["steps"]:
-            self.busy[shard] = time.perf_counter() - self.started
+        if out["steps"]:  # a closure past its shard's end is no measure of its worker's speed
+            self.busy[shard] = self.busy.get(shard, 0.0) + float(vector[2])
             self.hooks.after(self.totals.steps - 1, self.totals)
 
     def end(self) -> Totals:

@@ -76,10 +76,14 @@ class ChunkCompiler:
     def compiled(self) -> Any:
         return step_contract.compiled(self.run_chunk)
 
-    def finish(self, shard: Any, totals: dict[str, Any], exhausted: Any, logs: Any, updates: list[Any]) -> Any:
+    def finish(self, shard: Any, totals: dict[str, Any], exhausted: Any, logs: Any, updates: list[Any],
+               started: Any) -> Any:
+        """The closure's result: ``[shard, exhausted, seconds it ran on its worker, totals...]``."""
         import tensorflow as tf
 
-        head = tf.stack([tf.cast(shard, tf.float64), tf.cast(exhausted, tf.float64)])
+        with tf.control_dependencies([*tf.nest.flatten(totals), exhausted, *updates]):
+            seconds = tf.timestamp() - started  # the worker's own clock: no skew, no chief in it
+        head = tf.stack([tf.cast(shard, tf.float64), tf.cast(exhausted, tf.float64), seconds])
         result = tf.concat([head, pack_totals(totals)], axis=0)
         if self.training:
             # Counted last (atomic on the ps), after the last update and the result, so a
@@ -166,6 +170,9 @@ class ChunkCompiler:
         runs of ``per_run`` batches (``stacked``: a batched dataset's), ``offset`` its place in
         its run (`DynamicDatasetInput`).
         """
+        import tensorflow as tf
+
+        started = tf.timestamp()  # no inputs: it runs as the closure starts on the worker
         shard = next(shard_ids)
         if rows is not None and rows.shape.rank == 0:  # iterator: (streams, sources)
             iterator, endless, counted = skip_to(*iterator, rows, per_run, stacked, offset), True, False
@@ -176,7 +183,7 @@ class ChunkCompiler:
             num_steps <= MAX_UNROLLED_STEPS and num_steps * len(self.variables) <= MAX_UNROLLED_VARIABLE_STEPS)
         carry = self.steps(iterator, steps.carry, num_steps, endless, counted, steps.advance, unroll)
         totals, exhausted, logs, updates = steps.end(carry)
-        return self.finish(shard, totals, exhausted, logs, updates)
+        return self.finish(shard, totals, exhausted, logs, updates, started)
 
     def step_as_iterations(self) -> Any:
         import tensorflow as tf
