@@ -74,6 +74,10 @@ class Plan:
     ports_source: str = field(default="", compare=False)
     #: Layout tuner: trial workers per node given by --tuners-per-node (None: one per GPU).
     tuners_per_node: int | None = None
+    #: The Keras backend of a parameter-server layout (`PS_BACKENDS`): on tensorflow the workers
+    #: are TF servers that run the chief's closures; on jax every worker runs SCRIPT, trains with
+    #: JAX and pushes to the ps tasks (trainers/jax_ps).
+    backend: str = "tensorflow"
 
     def cluster_spec(self) -> dict[str, list[str]]:
         spec: dict[str, list[str]] = {}
@@ -135,9 +139,15 @@ class Plan:
         on its own: one all-reduce worker speaks for all, the tuner's oracle for its trials."""
         return not ((self.layout == "allreduce" and proc.job != CHIEF and proc.index != 0) or proc.job == TUNER)
 
+    def restarts_on_error(self, proc: Process) -> bool:
+        """Whether ``proc``'s SCRIPT failing is a fault to restart, not SCRIPT's own end: a
+        worker of a ps layout on JAX (its error is a lost ps or connection; the budget bounds
+        a SCRIPT that fails every time)."""
+        return self.backend == "jax" and proc.job == WORKER
+
     def runs_script(self, proc: Process) -> bool:
         """Whether ``proc`` (one of this plan's) runs the user's script: O(1), not a scan."""
-        return proc.job == CHIEF or self.every_process_runs_script
+        return proc.job == CHIEF or self.every_process_runs_script or (self.backend == "jax" and proc.job == WORKER)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -152,6 +162,7 @@ class Plan:
             ],
             "component_roles": list(self.roles),
             "tuners_per_node": self.tuners_per_node,
+            "backend": self.backend,
         }
 
     @classmethod
@@ -162,7 +173,8 @@ class Plan:
             host, port = p["address"].rsplit(":", 1)
             procs.append(Process(p["node"], nodes.index(p["node"]), p["job"], p["index"], host, int(port), tuple(p["gpus"])))
         return cls(data["scheduler"], data["job_id"], nodes, data["layout"], protocol, tuple(procs),
-                   tuple(data.get("component_roles", ())), tuners_per_node=data.get("tuners_per_node"))
+                   tuple(data.get("component_roles", ())), tuners_per_node=data.get("tuners_per_node"),
+                   backend=data.get("backend", "tensorflow"))
 
 
 _JOB_ORDER = {CHIEF: 0, PS: 1, WORKER: 2, TUNER: 3}
@@ -328,13 +340,14 @@ def build_plan(
     hosts: Mapping[str, str] | None = None,
     roles: tuple[str, ...] = (),
     tuners_per_node: int | None = None,
+    backend: str = "tensorflow",
 ) -> Plan:
     """Plan every process of the job.
 
     ``hosts`` maps a node name to the address others use to reach it (an interface IP,
     or ``localhost`` in local mode); by default the node name itself. ``roles``: what each
     component of a heterogeneous job runs (`component_roles`). ``tuners_per_node``: layout
-    tuner's trial workers per node (None: one per GPU).
+    tuner's trial workers per node (None: one per GPU). ``backend``: see `Plan.backend`.
     """
     node_role = [roles[c] if roles else BOTH_ROLES for c in job.node_components]
     _check_equal_gpus(job, layout, [r != PS_ROLE for r in node_role])
@@ -372,7 +385,7 @@ def build_plan(
             "the job needs a node in each component; resubmit it (or requeue: --requeue).",
         )
     return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes), roles, block.source,
-                tuners_per_node)
+                tuners_per_node, backend)
 
 
 def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:
@@ -392,7 +405,7 @@ def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:
     hosts = {p.node: p.host for p in plan.processes}
     # The first process holds the first node's first port: the base every generation shares.
     return build_plan(sub, plan.layout, plan.processes[0].port, plan.protocol, hosts, plan.roles,
-                      plan.tuners_per_node)
+                      plan.tuners_per_node, plan.backend)
 
 
 def _check_equal_gpus(job: JobInfo, layout: str, computes: Sequence[bool]) -> None:

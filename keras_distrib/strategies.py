@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -88,6 +89,47 @@ def plan_from_cluster_spec(spec: Mapping[str, list[str]], protocol: str = "grpc"
     return Plan("tf_config", "", tuple(hosts), layout, protocol, tuple(processes))
 
 
+def connect_to_ps(plan: Plan, proc: Process) -> None:
+    """Make this process a TensorFlow client of the ps tasks, serving on its plan port.
+
+    Device filters keep it from reaching any other client: a dead or restarting worker
+    never blocks the chief or another worker (the way TensorFlow's coordinator connects).
+    """
+    import tensorflow as tf
+
+    spec = plan.cluster_spec()
+    # This process only, in its own job, beside the ps tasks.
+    cluster = tf.train.ClusterSpec({PS: spec[PS], proc.job: {proc.index: proc.address}})
+    filters = tf.config.experimental.ClusterDeviceFilters()
+    filters.set_device_filters(proc.job, proc.index, [f"/job:{PS}"])
+    tf.config.experimental_connect_to_cluster(cluster, job_name=proc.job, task_index=proc.index,
+                                              protocol=plan.protocol, cluster_device_filters=filters)
+    logger.debug("%s connected to %d ps task(s)", proc.name, len(spec[PS]))
+
+
+class AsyncJaxStrategy:
+    """What ``keras_distrib.strategy()`` returns in a ps layout on JAX: this process is a
+    TensorFlow client of the ps tasks. ``scope()`` does nothing (Keras on JAX places nothing)."""
+
+    keras_distrib_kind = "jax-ps"
+
+    def __init__(self, info: ClusterInfo) -> None:
+        self.info = info
+        self.proc = info.plan.find(info.job, info.index)
+        connect_to_ps(info.plan, self.proc)
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    @property
+    def num_workers(self) -> int:
+        return self.info.num_workers
+
+    @property
+    def num_ps(self) -> int:
+        return self.info.num_ps
+
+
 @functools.cache
 def strategy() -> Any:
     """The strategy for this job's layout, created once per process.
@@ -105,11 +147,14 @@ def strategy() -> Any:
         logger.info("not inside a keras_distrib job: running in this single process with plain Keras")
         return tf.distribute.get_strategy()
     info = cluster()
+    if info.plan.backend == "jax":
+        return AsyncJaxStrategy(info)
     if info.layout in JAX_LAYOUTS:
         raise NotInJobError(
             f"layout {info.layout} trains with keras.distribution on JAX, not tf.distribute (keras_distrib.strategy() "
-            "and keras_distrib.fit() serve the TensorFlow layouts). HINT: call keras_distrib.distribution() before "
-            "building the model, then plain model.fit(dataset)."
+            "and keras_distrib.fit() serve the parameter-server and all-reduce layouts). HINT: call "
+            "keras_distrib.distribution() before building the model, then plain model.fit(dataset); or launch with "
+            "--layout ps-per-node for asynchronous parameter servers on JAX."
         )
     import tensorflow as tf
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from cluster_parsers import FORCE_VAR, ClusterConfigError, ClusterParser, JobInfo, detect, get_parser
 
-from .options import LAYOUTS, PORT_BASE_VAR, Options, check_backend, load_config, validate
+from .options import LAYOUTS, PORT_BASE_VAR, Options, check_backend, load_config, ps_backend, validate
 from ..contract import KERAS_BACKEND_VAR, plan_json
 from ..logs import configure_launcher
 from ..plan import Plan, build_plan, check_task_counts, component_roles, split_components, tasks_mode
@@ -226,7 +226,7 @@ def run(argv: Sequence[str] | None, scheduler: str | None, prog: str, local: boo
         job = split_components(job, options.component_sizes)
         roles = component_roles(job, options.layout, options.component_roles)
         plan = build_plan(job, options.layout, options.port_base, options.protocol, hosts, roles,
-                          options.tuners_per_node)
+                          options.tuners_per_node, ps_backend(options.layout, env))
         hint = parser.agent_launch_hint if parser else "use --nodes."
         check_min_nodes(options, job)
         if args.plan:

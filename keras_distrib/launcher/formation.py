@@ -162,7 +162,7 @@ def peer_event(report: control.PeerReport) -> Event | None:
 def readdressed(job: JobInfo, plan: Plan, hosts: Mapping[str, str]) -> Plan:
     """The same plan with the nodes reached at ``hosts`` (interface addresses)."""
     return build_plan(job, plan.layout, plan.processes[0].port, plan.protocol, hosts, plan.roles,
-                      plan.tuners_per_node)
+                      plan.tuners_per_node, plan.backend)
 
 
 def form_job(

@@ -218,8 +218,9 @@ def _check_tuner_options(options: Options) -> None:
         )
 
 
-#: The layouts that train with TensorFlow's tf.distribute (Keras on the TensorFlow backend).
-TENSORFLOW_LAYOUTS = ("ps-per-node", "worker-per-gpu", "allreduce")
+#: The parameter-server layouts, and the Keras backends they train with (`Plan.backend`).
+PS_LAYOUTS = ("ps-per-node", "worker-per-gpu")
+PS_BACKENDS = ("tensorflow", "jax")
 
 
 def keras_backend(environ: Mapping[str, str]) -> tuple[str, str]:
@@ -235,14 +236,26 @@ def keras_backend(environ: Mapping[str, str]) -> tuple[str, str]:
     return (backend, f"backend in {home / 'keras.json'}") if isinstance(backend, str) else ("tensorflow", "")
 
 
+def ps_backend(layout: str, environ: Mapping[str, str]) -> str:
+    """`Plan.backend`: the Keras backend of a parameter-server layout (tensorflow elsewhere)."""
+    backend, _ = keras_backend(environ)
+    return backend if layout in PS_LAYOUTS and backend in PS_BACKENDS else "tensorflow"
+
+
 def check_backend(layout: str, environ: Mapping[str, str]) -> None:
     """Refuse, before anything starts, a layout whose framework is not the backend Keras will use."""
     backend, source = keras_backend(environ)
-    if layout in TENSORFLOW_LAYOUTS and backend != "tensorflow":
+    if layout in PS_LAYOUTS and backend not in PS_BACKENDS:
+        raise ClusterConfigError(
+            f"Keras will run on {backend} ({source}), but layout {layout} trains on TensorFlow or JAX only.",
+            f"set KERAS_BACKEND=jax or KERAS_BACKEND=tensorflow for layout {layout} (docs/training.md says what "
+            "was tried with torch).",
+        )
+    if layout == "allreduce" and backend != "tensorflow":
         raise ClusterConfigError(
             f"Keras will run on {backend} ({source}), but layout {layout} trains with TensorFlow's tf.distribute.",
-            "use --layout jax (synchronous, keras.distribution) for Keras on JAX, or --layout tuner for a KerasTuner "
-            f"search; or set KERAS_BACKEND=tensorflow for layout {layout}.",
+            "use --layout jax (synchronous, keras.distribution) or ps-per-node (asynchronous) for Keras on JAX, "
+            "or --layout tuner for a KerasTuner search; or set KERAS_BACKEND=tensorflow for layout allreduce.",
         )
     if layout in JAX_LAYOUTS and environ.get(KERAS_BACKEND_VAR, "jax") != "jax":
         raise ClusterConfigError(

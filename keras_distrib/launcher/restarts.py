@@ -9,6 +9,10 @@
   SCRIPT resumes from the last checkpoint. The workers keep running: a new coordinator
   re-creates its functions and datasets on them.
 * the chief dies (a signal, not its own exit code): SCRIPT restarts and resumes.
+* parameter server on JAX (``Plan.backend``), a worker dies or its SCRIPT fails (a lost ps
+  connection is an error there): that worker restarts, finds the weights on the ps, and the
+  chief hands out again what it had taken. A ps dies: everything restarts (the workers'
+  connections to it are gone too) and resumes from the chief's last checkpoint.
 * tuner, a trial worker dies: it restarts with its KERASTUNER_TUNER_ID, and KerasTuner's
   oracle hands it its unfinished trial again. The oracle (chief) dies: everything restarts;
   the new oracle reloads its state from the search's ``directory`` and retries the trials
@@ -29,6 +33,8 @@ def restart_targets(plan: Plan, dead: str) -> list[str]:
     if plan.every_process_runs_script:  # allreduce and jax: lockstep replicas
         return [p.name for p in plan.processes]
     job = dead.split(":", 1)[0]
+    if job == PS and plan.backend == "jax":
+        return [p.name for p in plan.processes]
     if job == PS:
         return [dead] + [p.name for p in plan.processes if p.job == CHIEF]
     return [dead]
@@ -48,6 +54,8 @@ def restart_line(label: str, how: str, targets: list[str], dead: str, used: int,
                 "running trials again")
     elif any(t.startswith(CHIEF) for t in others) and len(targets) == 2:
         todo = "restarting it and the chief's SCRIPT, which resumes from its last checkpoint"
+    elif any(t.startswith(PS) for t in targets):
+        todo = f"restarting all {len(targets)} processes, which resume from the chief's last checkpoint"
     else:
         todo = f"restarting all {len(targets)} workers, which resume from the last checkpoint"
     return f"{label} {what or 'exited with ' + how}; {todo} ({used}/{budget})"

@@ -61,7 +61,7 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
         strategy = cached.strategy
     if strategy is None:
         strategy = _model_strategy(model)
-    strategy = resolve_strategy(strategy)
+    strategy = resolve_strategy(strategy, allow=("ps", "allreduce", "jax-ps"))
     kind = strategy_kind(strategy)
     for option, on in (("ps_stale_reads", ps_stale_reads), ("ps_local_steps", ps_local_steps)):
         if on and kind != "ps":
@@ -77,10 +77,14 @@ def trainer_for(model: Any, strategy: Any = None, *, steps_per_execution: int | 
 
             cached.mode = requested_mode(cached.mode, ps_stale_reads, ps_local_steps)
         return cached
-    if kind == "ps":
+    if kind == "jax-ps":
+        from .jax_ps import AsyncJaxTrainer
+
+        trainer: Any = AsyncJaxTrainer(model, strategy, steps_per_execution=steps_per_execution)
+    elif kind == "ps":
         from .ps import ParameterServerTrainer
 
-        trainer: Any = ParameterServerTrainer(model, strategy, steps_per_execution=steps_per_execution,
+        trainer = ParameterServerTrainer(model, strategy, steps_per_execution=steps_per_execution,
                                               stale_reads=ps_stale_reads, local_steps=ps_local_steps)
     else:
         from .allreduce import AllReduceTrainer

@@ -22,6 +22,9 @@ class TrainerError(RuntimeError):
 def _kind(strategy: Any) -> str | None:
     import tensorflow as tf
 
+    own = getattr(strategy, "keras_distrib_kind", None)  # keras_distrib's own (jax_ps.AsyncJaxStrategy)
+    if own is not None:
+        return str(own)
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
         return "ps"
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
@@ -30,7 +33,7 @@ def _kind(strategy: Any) -> str | None:
 
 
 def strategy_kind(strategy: Any) -> str | None:
-    """"ps", "allreduce" or None for a strategy object."""
+    """"ps", "allreduce", "jax-ps" or None for a strategy object."""
     return _kind(strategy)
 
 

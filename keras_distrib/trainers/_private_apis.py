@@ -313,3 +313,11 @@ def rows_with_logits(t: Any, real: Any) -> Any:
     if logits is not None:
         kept._keras_logits = tf.boolean_mask(logits, real)
     return kept
+
+
+def symbolic_build(model: Any, batch: Any) -> None:
+    """Keras' own creation of a model's, its compiled loss's and metrics' and its optimizer's
+    variables from one batch, as ``fit`` does before its first step (no step runs). Upstream:
+    ``Trainer._symbolic_build`` (``keras/src/trainers/trainer.py``) has no public equivalent; a
+    JAX ``train_step`` called statelessly needs every one of those variables to exist first."""
+    model._symbolic_build(data_batch=batch)

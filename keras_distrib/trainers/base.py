@@ -336,7 +336,7 @@ class Trainer:
             val = self._prepare(val_source, batch_size=validation_batch_size or batch_size,
                                 shuffle=False, seed=None, repeat=False, training=False)
 
-        callbacks = list(callbacks or [])
+        callbacks = cb_utils.with_history(callbacks)
         tmpdir = None if self.is_chief else tempfile.mkdtemp(prefix="keras_distrib_worker_")
         if tmpdir:
             cb_utils.redirect_writers(callbacks, tmpdir)

@@ -73,16 +73,44 @@ def _stateful_attributes(callback: Any) -> tuple[str, ...]:
         return ("best", "wait", "best_epoch")
     if isinstance(callback, keras.callbacks.ReduceLROnPlateau):
         return ("best", "wait", "cooldown_counter")
+    if isinstance(callback, keras.callbacks.History):
+        return ("epoch", "history")
     return ()
 
 
+def with_history(callbacks: Sequence[Any] | None) -> list[Any]:
+    """The user's callbacks and, last, the History ``fit`` returns (unless they pass one): its
+    epochs are saved with a checkpoint, so a resumed fit (or a finished one run again) returns
+    every epoch's logs, as one uninterrupted ``model.fit`` would."""
+    import keras
+
+    out = list(callbacks or [])
+    if not any(isinstance(cb, keras.callbacks.History) for cb in out):
+        out.append(keras.callbacks.History())
+    return out
+
+
 def _plain(value: Any) -> Any:
-    """A JSON number (numpy scalars and tensors too), or None."""
-    return None if value is None else float(value)
+    """JSON: a number (numpy scalars and tensors too), None, or lists and dicts of them (History's)."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return float(value)
+
+
+def _restored(attr: str, value: Any) -> Any:
+    if attr == "best" or value is None:
+        return value
+    if attr == "epoch" and isinstance(value, list):  # History's epochs done
+        return [int(v) for v in value]
+    return value if isinstance(value, dict) else int(value)
 
 
 def callback_state(callbacks: Sequence[Any]) -> list[dict[str, Any]]:
-    """Resume state of ModelCheckpoint (best), EarlyStopping and ReduceLROnPlateau (best, wait...)."""
+    """Resume state of ModelCheckpoint (best), EarlyStopping and ReduceLROnPlateau (best, wait...), History (its epochs)."""
     out = []
     for index, cb in enumerate(callbacks):
         attrs = _stateful_attributes(cb)
@@ -104,8 +132,9 @@ def restore_callback_state(callbacks: Sequence[Any], saved: Any) -> None:
         cb = callbacks[index]
         for attr in _stateful_attributes(cb):
             if attr in entry:
-                value = entry[attr]
-                setattr(cb, attr, int(value) if attr != "best" and value is not None else value)
+                setattr(cb, attr, _restored(attr, entry[attr]))
+        if entry.get("class") == "History" and getattr(cb, "model", None) is not None:
+            cb.model.history = cb  # Keras sets it at an epoch's end: a finished fit's rerun has none
 
 
 def continue_csv_logs(callbacks: Sequence[Any], first_epoch: int) -> list[str]:

@@ -130,7 +130,9 @@ def build(model_fn: Callable[[], Any], strategy: Any = None) -> Any:
     if strategy is not None and strategy_kind(strategy) is None:  # single process (outside a job)
         with strategy.scope():
             return _finish(model_fn())
-    strategy = resolve_strategy(strategy, allow=("ps", "allreduce"))
+    strategy = resolve_strategy(strategy, allow=("ps", "allreduce", "jax-ps"))
+    if strategy_kind(strategy) == "jax-ps":  # JAX places nothing: the trainer puts the variables on the ps
+        return model_fn()
     if strategy_kind(strategy) == "ps":
         model = _build_on_ps(model_fn, strategy)
         refuse_keras_loops(model)  # model.fit & co. name keras_distrib.fit & co. instead

@@ -163,9 +163,12 @@ def test_unequal_gpus_need_jax_per_gpu() -> None:
 
 
 @pytest.mark.parametrize("env, keras_json, layout, refused", [
-    ({"KERAS_BACKEND": "jax"}, None, "ps-per-node", "Keras will run on jax (KERAS_BACKEND=jax), but layout ps-per-node"),
+    ({"KERAS_BACKEND": "jax"}, None, "ps-per-node", None),  # asynchronous ps on JAX (trainers/jax_ps)
+    ({"KERAS_BACKEND": "torch"}, None, "ps-per-node", "Keras will run on torch (KERAS_BACKEND=torch), but layout ps-per-node"),
     ({"KERAS_BACKEND": "torch"}, None, "allreduce", "Keras will run on torch (KERAS_BACKEND=torch), but layout allreduce"),
-    ({}, "jax", "worker-per-gpu", "Keras will run on jax (backend in "),
+    ({"KERAS_BACKEND": "jax"}, None, "allreduce", "Keras will run on jax (KERAS_BACKEND=jax), but layout allreduce"),
+    ({}, "jax", "allreduce", "Keras will run on jax (backend in "),
+    ({}, "jax", "worker-per-gpu", None),
     ({"KERAS_BACKEND": "tensorflow"}, None, "jax", "KERAS_BACKEND=tensorflow, but layout jax runs Keras on JAX"),
     ({"KERAS_BACKEND": "tensorflow"}, "jax", "ps-per-node", None),  # the variable wins, as in Keras
     ({}, "tensorflow", "jax-per-gpu", None),  # the file Keras writes by default is no choice
@@ -192,11 +195,12 @@ def test_a_backend_that_does_not_fit_the_layout_is_refused_before_start(tmp_path
 def test_the_launcher_refuses_it_in_one_line_before_anything_starts(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('must not run')\n")
-    run = subprocess.run([sys.executable, "-m", "keras_distrib.local", "--nodes", "2", "--layout", "ps-per-node",
+    run = subprocess.run([sys.executable, "-m", "keras_distrib.local", "--nodes", "2", "--layout", "allreduce",
                           str(script)], env={**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)},
                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert run.returncode == 2 and run.stdout == ""
     assert run.stderr.splitlines() == [
-        "keras_distrib: error: Keras will run on jax (KERAS_BACKEND=jax), but layout ps-per-node trains with "
-        "TensorFlow's tf.distribute. HINT: use --layout jax (synchronous, keras.distribution) for Keras on JAX, or "
-        "--layout tuner for a KerasTuner search; or set KERAS_BACKEND=tensorflow for layout ps-per-node."]
+        "keras_distrib: error: Keras will run on jax (KERAS_BACKEND=jax), but layout allreduce trains with "
+        "TensorFlow's tf.distribute. HINT: use --layout jax (synchronous, keras.distribution) or ps-per-node "
+        "(asynchronous) for Keras on JAX, or --layout tuner for a KerasTuner search; or set KERAS_BACKEND=tensorflow "
+        "for layout allreduce."]

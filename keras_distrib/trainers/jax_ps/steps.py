@@ -1,0 +1,101 @@
+"""A worker's compute: the model's own JAX ``train_step``, XLA-compiled over a part's batches.
+
+The state is Keras' JAX trainer's ``(trainable, non_trainable, optimizer, metrics)`` tuple.
+The parameter servers hold the float variables of the first two (`held`); a worker keeps its
+optimizer state, its metric states (reset for every part, so each part's are summed by the
+chief) and its random seed states to itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def held_indices(model: Any) -> list[int]:
+    """Positions, in ``trainable + non_trainable`` variables, of those the ps hold (floats)."""
+    variables = list(model.trainable_variables) + list(model.non_trainable_variables)
+    return [i for i, v in enumerate(variables) if np.issubdtype(np.dtype(v.dtype), np.floating)]
+
+
+class LocalSteps:
+    """Runs a part's batches through ``model.train_step``, one compiled call per batch shape."""
+
+    def __init__(self, model: Any) -> None:
+        import jax
+
+        self.model = model
+        self.trainable = len(model.trainable_variables)
+        self.held = held_indices(model)
+        self.metrics_reset = [np.asarray(v.value) for v in model.metrics_variables]
+
+        def one(state: Any, batch: Any) -> tuple[Any, None]:
+            _, state = model.train_step(state, batch)
+            return state, None
+
+        def run(state: Any, batches: Any) -> Any:
+            return jax.lax.scan(one, state, batches)[0]
+
+        self._run = jax.jit(run, donate_argnums=0)
+
+    def initial_state(self) -> tuple[list[Any], ...]:
+        m = self.model
+        # Copies: the compiled run donates its state, and the model's own arrays must stay valid.
+        return ([np.array(v.value) for v in m.trainable_variables], [np.array(v.value) for v in m.non_trainable_variables],
+                [np.array(v.value) for v in m.optimizer.variables], list(self.metrics_reset))
+
+    def write_back(self, state: Any) -> None:
+        """The model's variables set from ``state`` (a worker, after its fit)."""
+        m = self.model
+        for variables, values in zip((m.trainable_variables, m.non_trainable_variables, m.optimizer.variables),
+                                     state[:3]):
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+
+    def held_values(self, state: Any) -> list[np.ndarray]:
+        flat = list(state[0]) + list(state[1])
+        return [np.asarray(flat[i]) for i in self.held]
+
+    def with_held(self, state: Any, values: Sequence[np.ndarray]) -> tuple[list[Any], ...]:
+        """``state`` with the held variables set to ``values`` and the metric states reset."""
+        flat = list(state[0]) + list(state[1])
+        for i, value in zip(self.held, values):
+            flat[i] = value
+        return flat[: self.trainable], flat[self.trainable:], list(state[2]), list(self.metrics_reset)
+
+    def metric_states(self, state: Any) -> np.ndarray:
+        """The part's metric states, less their reset values, flat (the chief sums them)."""
+        parts = [np.asarray(v, np.float64).ravel() - np.asarray(r, np.float64).ravel()
+                 for v, r in zip(state[3], self.metrics_reset)]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def run(self, state: Any, batches: Sequence[Any]) -> Any:
+        """``state`` after every batch of ``batches`` (each ``(x, y[, sample_weight])``)."""
+        import jax
+
+        full = [b for b in batches if _rows(b) == _rows(batches[0])]
+        if full:
+            state = self._run(state, jax.tree_util.tree_map(lambda *a: np.stack(a), *full))
+        for batch in batches[len(full):]:  # the epoch's last, shorter batch: its own shape
+            state = self._run(state, jax.tree_util.tree_map(lambda a: a[None], batch))
+        return state
+
+
+def metric_state_size(model: Any) -> int:
+    return int(sum(np.asarray(v.value).size for v in model.metrics_variables))
+
+
+def set_metric_states(model: Any, summed: np.ndarray, reset: Sequence[np.ndarray]) -> None:
+    """Put the chief's sums of every part's metric states into the model's metrics."""
+    at = 0
+    for variable, r in zip(model.metrics_variables, reset):
+        r = np.asarray(r)
+        variable.assign((summed[at:at + r.size].reshape(r.shape) + r).astype(r.dtype))
+        at += r.size
+
+
+def _rows(batch: Any) -> int:
+    import jax
+
+    return int(jax.tree_util.tree_leaves(batch)[0].shape[0])

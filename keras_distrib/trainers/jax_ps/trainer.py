@@ -1,0 +1,347 @@
+"""Asynchronous parameter-server training of a Keras 3 model on JAX (the ps layouts under
+``KERAS_BACKEND=jax``): the chief hands out the epoch's parts and runs the callbacks, the
+workers train on the parts with the model's own compiled ``train_step`` and push their weight
+deltas to the ps tasks (docs/training.md, "Parameter servers on JAX").
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ... import contract, progress
+from .. import callbacks as cb_utils
+from .._common import TrainerError
+from .handout import DONE, HELLO, STARTED, STOP, EpochHandOut, Queues, parts_of_epoch
+from .steps import LocalSteps, held_indices, metric_state_size, set_metric_states
+from .store import ParameterStore, slots_for
+
+logger = logging.getLogger(__name__)
+
+_MODEL_NUMBERS = itertools.count()
+
+
+@dataclass(frozen=True)
+class ArrayData:
+    """In-memory training data: ``(x, y[, sample_weight])``, each a NumPy array or a dict of them."""
+
+    batch: tuple[Any, ...]
+    rows: int
+
+    def batches(self, rows: np.ndarray, batch_size: int) -> list[tuple[Any, ...]]:
+        import jax
+
+        return [jax.tree_util.tree_map(lambda a: a[rows[i:i + batch_size]], self.batch)
+                for i in range(0, len(rows), batch_size)]
+
+    def order(self, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
+        """The epoch's order of rows: the same on every process (seeded by the chief's seed and the epoch)."""
+        return np.random.default_rng([seed, epoch]).permutation(self.rows) if shuffle else np.arange(self.rows)
+
+
+def as_array_data(x: Any, y: Any, sample_weight: Any) -> ArrayData:
+    """``fit``'s data as arrays; anything else is refused with a HINT."""
+    import jax
+
+    if isinstance(x, tuple) and y is None:
+        x, y, sample_weight = (tuple(x) + (None, None))[:3]
+    leaves = jax.tree_util.tree_leaves((x, y, sample_weight))
+    if not leaves or not all(isinstance(a, np.ndarray) for a in leaves):
+        kinds = sorted({type(a).__name__ for a in leaves}) or ["nothing"]
+        raise TrainerError(
+            f"the parameter-server layouts on JAX train on in-memory arrays; fit got {', '.join(kinds)}. "
+            "HINT: pass NumPy arrays (x, y[, sample_weight]) or a dict of them, e.g. np.asarray(...), "
+            "or use --layout jax (keras.distribution) for a tf.data pipeline.")
+    rows = {len(a) for a in leaves}
+    if rows == {0}:
+        raise TrainerError("fit got arrays of 0 rows. HINT: pass at least one example.")
+    if len(rows) != 1:
+        raise TrainerError(f"fit's arrays have different numbers of rows: {sorted(rows)}. "
+                           "HINT: give x, y and sample_weight one row per example.")
+    batch = (x, y) if sample_weight is None else (x, y, sample_weight)
+    return ArrayData(batch, rows.pop())
+
+
+@dataclass
+class EpochTally:
+    """What the chief folded of one epoch's parts."""
+
+    states: np.ndarray
+    examples: int = 0
+    steps: int = 0
+    worker_steps: dict[int, int] = field(default_factory=dict)
+
+
+class AsyncJaxTrainer:
+    """fit / evaluate / predict of one model in a ps layout on JAX (one per model)."""
+
+    def __init__(self, model: Any, strategy: Any, steps_per_execution: int | None = None) -> None:
+        """``strategy``: `keras_distrib.strategies.AsyncJaxStrategy`."""
+        self.model = model
+        self.strategy = strategy
+        self.number = next(_MODEL_NUMBERS)  # the same on every process: SCRIPT builds its models in order
+        compiled = int(getattr(model, "steps_per_execution", 1) or 1)
+        self.steps_per_execution = int(steps_per_execution or (compiled if compiled > 1 else 10))
+        self.store: ParameterStore | None = None
+        self.queues: Queues | None = None
+        self.epoch_stats: list[dict[str, Any]] = []
+
+    @property
+    def is_chief(self) -> bool:
+        return self.strategy.info.is_chief
+
+    def reset_functions(self) -> None:
+        """Nothing to retrace: the part size is read at every fit."""
+
+    # -- shared set-up --------------------------------------------------------------
+
+    def _connect_model(self, data: ArrayData) -> None:
+        """Build the model's, its loss's, metrics' and optimizer's variables, and find their ps slots."""
+        from .. import _private_apis as private
+
+        if self.model.optimizer is None:
+            raise TrainerError("the model is not compiled. HINT: call model.compile(optimizer, loss, metrics) "
+                               "in the function you pass to build(), as for model.fit.")
+        private.symbolic_build(self.model, data.batches(np.arange(min(data.rows, 2)), 2)[0])
+        if self.store is None:
+            values = self._held_values()
+            self.store = ParameterStore(slots_for(self.number, values, self.strategy.num_ps))
+            self.queues = Queues(self.number, metric_state_size(self.model), self.strategy.num_workers)
+
+    def _variables(self) -> list[Any]:
+        return list(self.model.trainable_variables) + list(self.model.non_trainable_variables)
+
+    def _held_values(self) -> list[np.ndarray]:
+        variables = self._variables()
+        return [np.asarray(variables[i].value) for i in held_indices(self.model)]
+
+    def _pull_into_model(self) -> None:
+        assert self.store is not None
+        variables = self._variables()
+        for i, value in zip(held_indices(self.model), self.store.pull()):
+            variables[i].assign(value)
+
+    # -- fit ------------------------------------------------------------------------
+
+    @progress.watched
+    def fit(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
+            verbose: Any = "auto", callbacks: Sequence[Any] | None = None, validation_data: Any = None,
+            shuffle: bool = True, sample_weight: Any = None, initial_epoch: int = 0, seed: int | None = 0,
+            checkpoint_dir: str | None = None, validation_batch_size: int | None = None,
+            validation_freq: int = 1, **unsupported: Any) -> Any:
+        """Train like ``model.fit`` (see `keras_distrib.trainers.fit`); the chief returns the History."""
+        refuse_unsupported(unsupported)
+        data = as_array_data(x, y, sample_weight)
+        self._connect_model(data)
+        run = Run(self, data, batch_size or 32, shuffle, seed)
+        if not self.is_chief:
+            return run.work()
+        validation = None if validation_data is None else (validation_data, validation_batch_size or run.batch_size)
+        return run.lead(epochs, initial_epoch, verbose, callbacks, validation, validation_freq, checkpoint_dir)
+
+    def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
+        """Keras' ``evaluate`` in this process, on the ps tasks' current weights."""
+        if self.store is not None:
+            self._pull_into_model()
+        if isinstance(x, tuple) and y is None:
+            x, y = x[0], x[1] if len(x) > 1 else None
+        return self.model.evaluate(x, y, **{"verbose": 0, **kwargs})
+
+    def predict(self, x: Any, **kwargs: Any) -> Any:
+        """Keras' ``predict`` in this process, on the ps tasks' current weights."""
+        if self.store is not None:
+            self._pull_into_model()
+        return self.model.predict(x, **{"verbose": 0, **kwargs})
+
+
+def refuse_unsupported(options: dict[str, Any]) -> None:
+    given = {k: v for k, v in options.items() if v not in (None, 0, 0.0, False)}
+    if given:
+        raise TrainerError(
+            f"fit({', '.join(f'{k}={v!r}' for k, v in given.items())}) is not supported by the parameter-server "
+            "layouts on JAX yet. HINT: drop it (every epoch is the whole data, exactly once), or use "
+            "KERAS_BACKEND=tensorflow for the full set (docs/training.md).")
+
+
+class Run:
+    """One fit: the chief's loop over epochs (`lead`) or a worker's over parts (`work`)."""
+
+    def __init__(self, trainer: AsyncJaxTrainer, data: ArrayData, batch_size: int, shuffle: bool,
+                 seed: int | None) -> None:
+        self.trainer, self.data, self.batch_size, self.shuffle = trainer, data, int(batch_size), shuffle
+        self.seed = random.getrandbits(31) if seed is None else int(seed)
+        self.num_batches = -(-data.rows // self.batch_size)
+        self.store, self.queues = trainer.store, trainer.queues
+        self.run_id = random.getrandbits(48)  # the chief's: its parts and their reports carry it
+        self.live: dict[int, int] = {}  # the chief's: worker -> the pid of its latest start
+        assert self.store is not None and self.queues is not None
+
+    # -- a worker -------------------------------------------------------------------
+
+    def work(self) -> Any:
+        """Take parts until the chief says stop; push each part's deltas, then report it."""
+        import keras
+
+        info = self.trainer.strategy.info
+        self.store.wait_initialized(contract.startup_timeout(os.environ), f"{info.job}:{info.index}")
+        steps = LocalSteps(self.trainer.model)
+        base = self.store.pull()
+        state = steps.with_held(steps.initial_state(), base)
+        size = metric_state_size(self.trainer.model)
+        me, pid = info.index, os.getpid()
+        self.queues.report(0, HELLO, me, pid, report_size=size)
+        orders: dict[tuple[int, int], np.ndarray] = {}
+        while (part := self.queues.next_part(me)).epoch != STOP:
+            self.queues.report(part.run, STARTED, me, pid, part.epoch, part.first, report_size=size)
+            order = orders.get((part.epoch, part.seed))
+            if order is None:
+                orders.clear()
+                order = orders[(part.epoch, part.seed)] = self.data.order(part.epoch, part.seed, self.shuffle)
+            rows = order[part.first * self.batch_size:(part.first + part.batches) * self.batch_size]
+            state = steps.run(state, self.data.batches(rows, self.batch_size))
+            values = self.store.push_pull([new - old for new, old in zip(steps.held_values(state), base)])
+            self.queues.report(part.run, DONE, me, pid, part.epoch, part.first, len(rows),
+                               steps.metric_states(state), size)
+            state, base = steps.with_held(state, values), values
+            progress.tick(part.batches)
+        steps.write_back(steps.with_held(state, base))
+        history = keras.callbacks.History()
+        history.set_model(self.trainer.model)
+        return history
+
+    # -- the chief ------------------------------------------------------------------
+
+    def lead(self, epochs: int, initial_epoch: int, verbose: Any, callbacks: Sequence[Any] | None,
+             validation: tuple[Any, int] | None, validation_freq: int, checkpoint_dir: str | None) -> Any:
+        """Hand out every epoch, fold the reports, run the callbacks and keep the checkpoint."""
+        model, callbacks = self.trainer.model, cb_utils.with_history(callbacks)
+        keeper = Keeper(checkpoint_dir, model, callbacks)
+        resumed = keeper.restore()
+        start = max(initial_epoch, 0 if resumed is None else resumed + 1)
+        if resumed is not None:  # CSVLogger files continue, not restart
+            cb_utils.continue_csv_logs(callbacks, start)
+        self.store.assign(self.trainer._held_values())
+        cbs = cb_utils.callback_list(callbacks, model, epochs=epochs, steps=self.num_batches,
+                                     verbose=verbose_level(verbose), show=True)
+        self.batch_logs = cb_utils.needs_batch_logs(cbs)
+        model.stop_training = False
+        cbs.on_train_begin()
+        keeper.restore_callbacks()
+        logs: dict[str, Any] = {}
+        for epoch in range(start, epochs):
+            cbs.on_epoch_begin(epoch)
+            logs = self.lead_epoch(epoch, epochs, cbs)
+            self.trainer._pull_into_model()
+            if validation is not None and (epoch + 1) % max(1, validation_freq) == 0:
+                logs.update(validate(model, *validation))
+            cbs.on_epoch_end(epoch, logs)
+            keeper.save(epoch)
+            if model.stop_training:
+                break
+        if start >= epochs:
+            logger.info("every one of the %d epochs was done (checkpoint in %s): nothing to train", epochs,
+                        checkpoint_dir)
+        self.queues.stop_workers(self.run_id)
+        cbs.on_train_end(logs)
+        return model.history
+
+    def lead_epoch(self, epoch: int, epochs: int, cbs: Any) -> dict[str, Any]:
+        """Hand out one epoch's parts and fold each one's report exactly once."""
+        started_at = time.perf_counter()
+        model = self.trainer.model
+        for metric in model.metrics:
+            metric.reset_state()
+        reset = [np.asarray(v.value) for v in model.metrics_variables]
+        hand = EpochHandOut(self.queues, parts_of_epoch(self.run_id, epoch, self.num_batches,
+                                                        self.trainer.steps_per_execution, self.seed), self.live)
+        tally = EpochTally(np.zeros(metric_state_size(model)))
+        while hand.open:
+            for report in hand.wait():
+                part = hand.fold(report)
+                if part is None:
+                    continue
+                tally.states += report.states
+                tally.examples += report.examples
+                tally.steps += part.batches
+                tally.worker_steps[report.worker] = tally.worker_steps.get(report.worker, 0) + part.batches
+                progress.tick(part.batches)
+                if self.batch_logs:
+                    set_metric_states(model, tally.states, reset)
+                    cbs.on_train_batch_end(tally.steps - 1, running_logs(model))
+        if tally.examples != self.data.rows:
+            raise AssertionError(f"epoch {epoch}: {tally.examples} examples folded of {self.data.rows}")
+        set_metric_states(model, tally.states, reset)
+        seconds = time.perf_counter() - started_at
+        stats = {"epoch": epoch, "seconds": seconds, "steps": tally.steps, "examples": tally.examples,
+                 "steps_per_sec": tally.steps / max(seconds, 1e-9), "parts_per_worker": dict(tally.worker_steps)}
+        self.trainer.epoch_stats.append(stats)
+        logger.info("epoch %d/%d: %.1f s, %.1f steps/s (%s)", epoch + 1, epochs, seconds, stats["steps_per_sec"],
+                    ", ".join(f"worker {w}: {n} steps" for w, n in sorted(tally.worker_steps.items())))
+        return running_logs(model)
+
+
+def running_logs(model: Any) -> dict[str, float]:
+    return {k: float(v) for k, v in model.get_metrics_result().items()}
+
+
+def verbose_level(verbose: Any) -> int:
+    """Keras' ``verbose``: "auto" is one line per epoch here (a job's output is a log file)."""
+    return 2 if verbose == "auto" else int(verbose)
+
+
+def validate(model: Any, validation_data: Any, batch_size: int) -> dict[str, float]:
+    """Keras' ``evaluate`` on the chief, on the epoch's final weights: the ``val_`` logs."""
+    if isinstance(validation_data, tuple):
+        x, y, *rest = validation_data
+        result = model.evaluate(x, y, sample_weight=rest[0] if rest else None, batch_size=batch_size, verbose=0,
+                                return_dict=True)
+    else:
+        result = model.evaluate(validation_data, batch_size=batch_size, verbose=0, return_dict=True)
+    return {f"val_{k}": float(v) for k, v in result.items()}
+
+
+class Keeper:
+    """The chief's checkpoint in ``checkpoint_dir``: the weights after the last whole epoch,
+    and the state of the callbacks that remember earlier epochs (EarlyStopping's, ...)."""
+
+    def __init__(self, directory: str | None, model: Any, callbacks: Sequence[Any]) -> None:
+        self.directory = None if directory is None else os.path.join(directory, "jax-ps")
+        self.model, self.callbacks = model, callbacks
+        self.saved_callbacks: Any = None
+
+    def restore(self) -> int | None:
+        """The last epoch done (None without a checkpoint); the model holds its weights."""
+        if self.directory is None or not os.path.exists(os.path.join(self.directory, "epoch.json")):
+            return None
+        with open(os.path.join(self.directory, "epoch.json")) as f:
+            saved = json.load(f)
+        self.model.load_weights(os.path.join(self.directory, "model.weights.h5"))
+        self.saved_callbacks = saved.get("callbacks")
+        logger.info("resuming from %s: epoch %d done", self.directory, saved["epoch"] + 1)
+        return int(saved["epoch"])
+
+    def restore_callbacks(self) -> None:
+        """After ``on_train_begin``, which resets them."""
+        cb_utils.restore_callback_state(self.callbacks, self.saved_callbacks)
+
+    def save(self, epoch: int) -> None:
+        """Weights first, then the epoch: a crash between the two resumes from the newer weights and
+        runs that epoch once more; the files are never half written (each replaced whole)."""
+        if self.directory is None:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = os.path.join(self.directory, "next.weights.h5")
+        self.model.save_weights(tmp)
+        os.replace(tmp, os.path.join(self.directory, "model.weights.h5"))
+        with open(os.path.join(self.directory, "epoch.json.tmp"), "w") as f:
+            json.dump({"epoch": epoch, "callbacks": cb_utils.callback_state(self.callbacks)}, f)
+        os.replace(os.path.join(self.directory, "epoch.json.tmp"), os.path.join(self.directory, "epoch.json"))
+

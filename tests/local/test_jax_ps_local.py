@@ -1,0 +1,103 @@
+"""The parameter-server layouts on Keras 3's JAX backend, in local mode: the TensorFlow ps
+script unchanged under KERAS_BACKEND=jax, exact epochs, a killed worker, resume, the .keras file."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from docs_blocks import command_lines
+from launcher_utils import Job, alive, launcher_env, wait_for
+
+pytest.importorskip("jax", reason="the [jax] extra is not installed")
+
+pytestmark = pytest.mark.local
+
+SCRIPT = Path(__file__).resolve().parent / "jax_ps_script.py"
+ROWS = 1003  # batch 32: 31 full batches and one of 11
+SEED = random.randrange(1 << 30)
+
+
+def history_of(job: Job) -> dict:
+    rows = [json.loads(line.split("] ", 1)[1]) for line in job.lines
+            if line.startswith("[local0 chief:0]") and '] {"history"' in line]
+    assert rows, job.text()[-3000:]
+    return rows[-1]
+
+
+def assert_exact(history: dict, epochs: int, rows: int = ROWS) -> None:
+    """Every example once per epoch: the count and the sum of the ids (mod 1000, as the script)."""
+    assert history["id_count"] == [rows] * epochs, history["id_count"]
+    assert history["id_idsum"] == [float(sum(i % 1000 for i in range(rows)))] * epochs, history["id_idsum"]
+
+
+def single_process(workdir: Path, epochs: int) -> dict:
+    """The same script in one plain JAX process (keras_distrib.fit is model.fit there)."""
+    workdir.mkdir()
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(workdir), str(epochs), str(ROWS)], cwd=workdir,
+                          env=launcher_env(KERAS_BACKEND="jax"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["history"]
+
+
+def test_the_tensorflow_ps_script_runs_unchanged_on_jax_exactly_and_resumes(tmp_path: Path) -> None:
+    """2 nodes: every epoch trains on every example once; accuracy as one JAX process; the
+    .keras file loads in a plain TensorFlow-backend process with the same predictions; the same
+    command again finds every epoch done and ends well."""
+    epochs = 3
+    [command] = command_lines("jax-ps-command")  # docs/training.md's own command
+    assert command[0] == "KERAS_BACKEND=jax" and command[1:4] == ["python", "-m", "keras_distrib.local"], command
+    assert command[-1] == "train.py", command
+    options = command[4:-1]
+    job = Job([*options, "--startup-timeout", "600", str(SCRIPT), str(tmp_path), str(epochs), str(ROWS)], tmp_path,
+              KERAS_BACKEND="jax")
+    assert job.wait() == 0, job.text()[-4000:]
+    result = history_of(job)
+    assert_exact(result["history"], epochs)
+    assert all(f"epoch {e}/{epochs}" in job.text() for e in range(1, epochs + 1)), job.text()[-3000:]
+    alone = single_process(tmp_path / "alone", epochs)
+    assert result["history"]["val_label_accuracy"][-1] >= alone["val_label_accuracy"][-1] - 0.02, (result, alone)
+
+    check = ("import json, sys, keras, numpy as np\n"
+             "m = keras.models.load_model(sys.argv[1], compile=False)\n"
+             "x = np.random.default_rng(0).normal(size=(%d, 16)).astype('float32')[%d:%d]\n"
+             "print(json.dumps(np.asarray(m.predict(x, verbose=0)['label']).tolist()))" % (ROWS + 400, ROWS, ROWS + 8))
+    reload = subprocess.run([sys.executable, "-c", check, str(tmp_path / "model.keras")], capture_output=True,
+                            text=True, timeout=300, env=launcher_env(KERAS_BACKEND="tensorflow"))
+    assert reload.returncode == 0, reload.stderr[-3000:]
+    reloaded = json.loads(reload.stdout.strip().splitlines()[-1])
+    assert max(abs(a - b) for r, s in zip(reloaded, result["probe"]) for a, b in zip(r, s)) < 1e-4
+
+    again = Job([*options, "--startup-timeout", "600", str(SCRIPT), str(tmp_path), str(epochs), str(ROWS)], tmp_path,
+                KERAS_BACKEND="jax")
+    assert again.wait() == 0, again.text()[-4000:]
+    assert again.count(f"every one of the {epochs} epochs was done") == 1, again.text()[-3000:]
+    assert not alive(job.seen | again.seen)
+
+
+def test_a_worker_killed_mid_epoch_is_restarted_and_every_epoch_stays_exact(tmp_path: Path) -> None:
+    """3 nodes, 3 workers: worker 1 killed in the second epoch; its parts run again elsewhere
+    (or on it, restarted), and every epoch still counts each example once."""
+    epochs, rows = 4, 12_003  # about 1-3 s an epoch: the kill lands inside it
+    job = Job(["--nodes", "3", "--layout", "ps-per-node", "--startup-timeout", "600", str(SCRIPT), str(tmp_path),
+               str(epochs), str(rows)], tmp_path, KERAS_BACKEND="jax")
+    try:
+        assert wait_for(lambda: (tmp_path / "started-1").exists(), 600), job.text()[-3000:]
+        time.sleep(random.Random(SEED).uniform(0, 0.5))
+        job.kill("worker:1")
+        assert wait_for(lambda: job.count("restarting it (1/3)") == 1, 120), job.text()[-3000:]
+        code = job.wait()
+    finally:
+        if job.proc.poll() is None:
+            job.proc.kill()
+    assert code == 0, f"seed {SEED}\n{job.text()[-4000:]}"
+    assert_exact(history_of(job)["history"], epochs, rows)
+    assert not alive(job.seen)
+    assert os.path.exists(tmp_path / "model.keras")
