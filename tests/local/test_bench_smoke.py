@@ -126,3 +126,27 @@ def test_elastic_bench_reads_the_membership_phases() -> None:
         epoch.format(5, 40), epoch.format(6, 230), epoch.format(7, 210),
     ])
     assert phases_of(text) == {"3 nodes": [200.0, 220.0], "2 nodes": [150.0], "rejoined": [230.0, 210.0]}
+
+
+def test_jax_ps_throughput_smoke_with_accuracy(tmp_path: Path) -> None:
+    """bench/jax_ps_throughput.py's --smoke run with its accuracy rows (test_smoke runs it without):
+    the JAX ps job, the TensorFlow ps job and one JAX process each exit 0, and every row, the
+    accuracy too, is saved with positive, finite figures."""
+    proc = run_in_session([sys.executable, str(BENCH / "jax_ps_throughput.py"), "--smoke", "--accuracy",
+                           "--out", str(tmp_path)], 300, cwd=tmp_path, env=bench_env())
+    assert proc.returncode == 0, f"jax_ps_throughput failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "A/B median" in proc.stdout, proc.stdout
+
+    data = json.loads((tmp_path / "jax_ps_throughput.json").read_text())
+    assert data["benchmark"] == "jax_ps_throughput"
+    names = [c["name"] for c in data["comparisons"]]
+    assert [n.split(" mlp")[0] for n in names] == ["JAX ps vs TF ps trainer", "JAX ps vs one JAX process (distribution cost)",
+                                                   "accuracy"], names
+    for c in data["comparisons"]:
+        assert c["a"] and len(c["a"]) == len(c["b"]), c
+        numbers = c["a"] + c["b"] + [v for k, v in c["summary"].items()]
+        assert all(_positive_finite(v) for v in numbers), f"{c['name']}: {numbers}"
+    accuracies = data["comparisons"][-1]["a"] + data["comparisons"][-1]["b"]
+    assert all(0.0 < a <= 1.0 for a in accuracies), accuracies
+    points = data["accuracy_points"]["mlp"]
+    assert len(points) == 1 and math.isfinite(points[0]), points

@@ -79,6 +79,8 @@ def test_the_tensorflow_ps_script_runs_unchanged_on_jax_exactly_and_resumes(tmp_
                 KERAS_BACKEND="jax")
     assert again.wait() == 0, again.text()[-4000:]
     assert again.count(f"every one of the {epochs} epochs was done") == 1, again.text()[-3000:]
+    # The History of a finished fit's rerun: every epoch's logs, kept with the checkpoint.
+    assert history_of(again)["history"]["id_count"] == result["history"]["id_count"]
     assert not alive(job.seen | again.seen)
 
 

@@ -127,9 +127,14 @@ class Queues:
         """How many parts ``worker`` has not taken yet."""
         return self.parts[worker].size()
 
-    def stop_workers(self, run: int) -> None:
+    def stop_workers(self, run: int, wait: float) -> None:
+        """End every worker's fit; wait up to ``wait`` seconds for each to take its stop, so
+        none is still reading from a ps that ends with the chief's SCRIPT."""
         for worker in range(len(self.parts)):
             self.hand_out(worker, [Part(run, STOP, 0, 0, 0)])
+        deadline = time.monotonic() + wait
+        while any(self.waiting(w) for w in range(len(self.parts))) and time.monotonic() < deadline:
+            time.sleep(POLL)
 
     def next_reports(self, timeout: float) -> list[Report]:
         """The reports waiting (none after ``timeout`` seconds)."""

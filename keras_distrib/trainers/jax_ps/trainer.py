@@ -21,12 +21,14 @@ from ... import contract, progress
 from .. import callbacks as cb_utils
 from .._common import TrainerError
 from .handout import DONE, HELLO, STARTED, STOP, EpochHandOut, Queues, parts_of_epoch
-from .steps import LocalSteps, held_indices, metric_state_size, set_metric_states
+from .steps import LocalSteps, delta_scales, flat_variables, held_indices, metric_state_size, set_metric_states
 from .store import ParameterStore, slots_for
 
 logger = logging.getLogger(__name__)
 
 _MODEL_NUMBERS = itertools.count()
+#: Seconds the chief waits, at the end of a fit, for the workers to take their stop.
+STOP_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class AsyncJaxTrainer:
             self.queues = Queues(self.number, metric_state_size(self.model), self.strategy.num_workers)
 
     def _variables(self) -> list[Any]:
-        return list(self.model.trainable_variables) + list(self.model.non_trainable_variables)
+        return flat_variables(self.model)
 
     def _held_values(self) -> list[np.ndarray]:
         variables = self._variables()
@@ -195,6 +197,7 @@ class Run:
         steps = LocalSteps(self.trainer.model)
         base = self.store.pull()
         state = steps.with_held(steps.initial_state(), base)
+        scales = delta_scales(self.trainer.model, self.trainer.strategy.num_workers)
         size = metric_state_size(self.trainer.model)
         me, pid = info.index, os.getpid()
         self.queues.report(0, HELLO, me, pid, report_size=size)
@@ -207,7 +210,8 @@ class Run:
                 order = orders[(part.epoch, part.seed)] = self.data.order(part.epoch, part.seed, self.shuffle)
             rows = order[part.first * self.batch_size:(part.first + part.batches) * self.batch_size]
             state = steps.run(state, self.data.batches(rows, self.batch_size))
-            values = self.store.push_pull([new - old for new, old in zip(steps.held_values(state), base)])
+            values = self.store.push_pull([(new - old) * scale for new, old, scale
+                                           in zip(steps.held_values(state), base, scales)])
             self.queues.report(part.run, DONE, me, pid, part.epoch, part.first, len(rows),
                                steps.metric_states(state), size)
             state, base = steps.with_held(state, values), values
@@ -249,7 +253,7 @@ class Run:
         if start >= epochs:
             logger.info("every one of the %d epochs was done (checkpoint in %s): nothing to train", epochs,
                         checkpoint_dir)
-        self.queues.stop_workers(self.run_id)
+        self.queues.stop_workers(self.run_id, STOP_WAIT)
         cbs.on_train_end(logs)
         return model.history
 
