@@ -147,15 +147,27 @@ def run_job(workdir: Path, side: str, task: str, model: str, examples: int, epoc
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # the launcher's session: its servers and workers too
         out, _ = proc.communicate()
-        raise SystemExit(f"{side} {task} {model}: timed out after {TIMEOUT:g} s:\n" + last_lines(out)) from None
+        raise SystemExit(f"{side} {task} {model}: timed out after {TIMEOUT:g} s:\n"
+                         + last_lines(out, workdir, proc.pid)) from None
     results = [line.split(RESULT_PREFIX, 1)[1] for line in out.splitlines() if RESULT_PREFIX in line]
     if proc.returncode != 0 or not results:
-        raise SystemExit(f"{side} {task} {model} failed (exit {proc.returncode}): {' '.join(argv)}\n" + last_lines(out))
+        raise SystemExit(f"{side} {task} {model} failed (exit {proc.returncode}): {' '.join(argv)}\n"
+                         + last_lines(out, workdir, proc.pid))
     return json.loads(results[-1])
 
 
-def last_lines(out: str, count: int = 40) -> str:
-    return "\n".join(out.splitlines()[-count:])
+def last_lines(out: str, workdir: Path, launcher: int, count: int = 40) -> str:
+    """The job's last lines (a repeated line once), then the end of every process log with a traceback."""
+    lines: list[str] = []
+    for line in out.splitlines():
+        if not lines or line != lines[-1]:
+            lines.append(line)
+    text = "\n".join(lines[-count:])
+    for log in sorted((workdir / "keras_distrib-logs" / f"local-{launcher}").glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-count:]
+        if any("Traceback" in line for line in tail):
+            text += f"\n--- the end of {log.name}:\n" + "\n".join(tail)
+    return text
 
 
 def steps_per_sec(stats: list[dict[str, Any]]) -> float:
@@ -197,7 +209,7 @@ def accuracy(args: Any, workdir: Path, model: str, name: str) -> tuple[Compariso
     points = [100 * (a - b) for a, b in zip(sides["jax_ps"], sides["single"])]
     print(f"  {name} accuracy per seed: JAX ps {sides['jax_ps']}, one process {sides['single']}, "
           f"difference {', '.join(f'{p:+.2f}' for p in points)} points", file=sys.stderr, flush=True)
-    row = Comparison(f"accuracy {name}: JAX ps vs one JAX process (digits, {epochs} epochs, {len(seeds)} seeds)",
+    row = Comparison(f"accuracy {name}: JAX ps vs one JAX process (digits, {epochs} epochs, seeds {seeds[0]}-{seeds[-1]})",
                      "JAX ps", "one JAX process", "test accuracy", sides["jax_ps"], sides["single"],
                      target="within 1 point")
     return row, points
@@ -232,7 +244,7 @@ def main() -> None:
     print_table("Parameter servers on JAX (local mode, ps-per-node, 2 nodes)", comparisons)
     for name, points in extra["accuracy_points"].items():
         mean = statistics.mean(points)
-        print(f"accuracy {name}: JAX ps - one process = {mean:+.2f} points (mean of {len(points)} seeds; "
+        print(f"accuracy {name}: JAX ps - one process = {mean:+.2f} points (mean over {len(points)} seed(s); "
               f"{'within' if math.fabs(mean) <= 1 else 'NOT within'} 1 point)")
     save("jax_ps_throughput", comparisons, extra, out=args.out)
 
