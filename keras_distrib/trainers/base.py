@@ -82,6 +82,23 @@ def as_data(x: Any, y: Any = None, sample_weight: Any = None, class_weight: Any 
     return (x, y) if sample_weight is None else (x, y, sample_weight)
 
 
+def fit_sources(x: Any, y: Any, sample_weight: Any, class_weight: Any, validation_split: float,
+                validation_data: Any) -> tuple[Any, Any]:
+    """fit's training and validation inputs as sources (validation None without any), once per fit."""
+    source = kd_data.as_source(as_data(x, y, sample_weight, class_weight), "x")
+    val_source = None if validation_data is None else kd_data.as_source(validation_data, "validation_data")
+    if validation_split and validation_data is None:  # Keras: validation_data wins
+        # Keras: the last fraction, before shuffling
+        halves = source.split(int((source.num_examples or 0) * (1.0 - validation_split)))
+        if halves is None:
+            raise TrainerError(
+                f"validation_split={validation_split} needs in-memory arrays (x, y). HINT: pass "
+                "validation_data= for a dataset or a keras_distrib.data source."
+            )
+        source, val_source = halves
+    return source, val_source
+
+
 class Trainer:
     """Distributed fit/evaluate for a compiled Keras 3 model; see the module docstring."""
 
@@ -304,19 +321,7 @@ class Trainer:
     ) -> Any:
         """Train like ``model.fit``; see `keras_distrib.trainers.fit`. Returns the History."""
         # Each input turned into a source once per fit (a DatasetSource reads its graph).
-        source = kd_data.as_source(as_data(x, y, sample_weight, class_weight), "x")
-        val_source = None if validation_data is None else kd_data.as_source(validation_data, "validation_data")
-        if validation_split:
-            if validation_data is not None:
-                validation_split = 0.0  # Keras: validation_data wins
-            # Keras: the last fraction, before shuffling
-            elif (halves := source.split(int((source.num_examples or 0) * (1.0 - validation_split)))) is None:
-                raise TrainerError(
-                    f"validation_split={validation_split} needs in-memory arrays (x, y). HINT: pass "
-                    "validation_data= for a dataset or a keras_distrib.data source."
-                )
-            else:
-                source, val_source = halves
+        source, val_source = fit_sources(x, y, sample_weight, class_weight, validation_split, validation_data)
         verbose = cb_utils.resolve_verbose(verbose)
         repeat = steps_per_epoch is not None
         train = self._prepare(source, batch_size=batch_size, shuffle=shuffle, seed=seed, repeat=repeat, training=True)

@@ -104,3 +104,28 @@ def test_a_worker_killed_mid_epoch_is_restarted_and_every_epoch_stays_exact(tmp_
     assert_exact(history_of(job)["history"], epochs, rows)
     assert not alive(job.seen)
     assert os.path.exists(tmp_path / "model.keras")
+
+
+INPUTS_SCRIPT = Path(__file__).resolve().parent / "jax_ps_inputs_script.py"
+INPUT_KINDS = ["dataset", "batched", "unknown", "pydataset", "split"]
+
+
+def test_every_input_kind_trains_each_example_once_per_epoch_with_three_workers(tmp_path: Path) -> None:
+    """3 nodes: a shuffled tf.data.Dataset (unbatched, batched, of unknown size), a shuffled
+    PyDataset and arrays with validation_split each train 2 exact epochs of 1,003 examples
+    (short last batches; 3 workers reading the same stream), with their validation."""
+    job = Job(["--nodes", "3", "--layout", "ps-per-node", "--startup-timeout", "600", str(INPUTS_SCRIPT),
+               str(tmp_path), str(ROWS), *INPUT_KINDS], tmp_path, KERAS_BACKEND="jax")
+    assert job.wait() == 0, job.text()[-4000:]
+    results = {}
+    for line in job.lines:
+        if line.startswith("[local0 chief:0]") and '] {"kind"' in line:
+            row = json.loads(line.split("] ", 1)[1])
+            results[row["kind"]] = row["history"]
+    assert sorted(results) == sorted(INPUT_KINDS), job.text()[-3000:]
+    for kind, history in results.items():
+        assert_exact(history, 2)
+        assert history["label_accuracy"][-1] > 0.8, (kind, history)
+        if kind != "unknown":  # the only one without validation
+            assert history["val_id_count"] == [200.0, 200.0], (kind, history)
+    assert not alive(job.seen)

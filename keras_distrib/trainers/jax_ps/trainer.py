@@ -20,6 +20,8 @@ import numpy as np
 from ... import contract, progress
 from .. import callbacks as cb_utils
 from .._common import TrainerError
+from ..base import fit_sources
+from .inputs import EpochInput, batch_rows, epoch_input
 from .handout import DONE, HELLO, STARTED, STOP, EpochHandOut, Queues, parts_of_epoch
 from .steps import LocalSteps, delta_scales, flat_variables, held_indices, metric_state_size, set_metric_states
 from .store import ParameterStore, slots_for
@@ -29,47 +31,6 @@ logger = logging.getLogger(__name__)
 _MODEL_NUMBERS = itertools.count()
 #: Seconds the chief waits, at the end of a fit, for the workers to take their stop.
 STOP_WAIT = 10.0
-
-
-@dataclass(frozen=True)
-class ArrayData:
-    """In-memory training data: ``(x, y[, sample_weight])``, each a NumPy array or a dict of them."""
-
-    batch: tuple[Any, ...]
-    rows: int
-
-    def batches(self, rows: np.ndarray, batch_size: int) -> list[tuple[Any, ...]]:
-        import jax
-
-        return [jax.tree_util.tree_map(lambda a: a[rows[i:i + batch_size]], self.batch)
-                for i in range(0, len(rows), batch_size)]
-
-    def order(self, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
-        """The epoch's order of rows: the same on every process (seeded by the chief's seed and the epoch)."""
-        return np.random.default_rng([seed, epoch]).permutation(self.rows) if shuffle else np.arange(self.rows)
-
-
-def as_array_data(x: Any, y: Any, sample_weight: Any) -> ArrayData:
-    """``fit``'s data as arrays; anything else is refused with a HINT."""
-    import jax
-
-    if isinstance(x, tuple) and y is None:
-        x, y, sample_weight = (tuple(x) + (None, None))[:3]
-    leaves = jax.tree_util.tree_leaves((x, y, sample_weight))
-    if not leaves or not all(isinstance(a, np.ndarray) for a in leaves):
-        kinds = sorted({type(a).__name__ for a in leaves}) or ["nothing"]
-        raise TrainerError(
-            f"the parameter-server layouts on JAX train on in-memory arrays; fit got {', '.join(kinds)}. "
-            "HINT: pass NumPy arrays (x, y[, sample_weight]) or a dict of them, e.g. np.asarray(...), "
-            "or use --layout jax (keras.distribution) for a tf.data pipeline.")
-    rows = {len(a) for a in leaves}
-    if rows == {0}:
-        raise TrainerError("fit got arrays of 0 rows. HINT: pass at least one example.")
-    if len(rows) != 1:
-        raise TrainerError(f"fit's arrays have different numbers of rows: {sorted(rows)}. "
-                           "HINT: give x, y and sample_weight one row per example.")
-    batch = (x, y) if sample_weight is None else (x, y, sample_weight)
-    return ArrayData(batch, rows.pop())
 
 
 @dataclass
@@ -105,14 +66,14 @@ class AsyncJaxTrainer:
 
     # -- shared set-up --------------------------------------------------------------
 
-    def _connect_model(self, data: ArrayData) -> None:
+    def _connect_model(self, data: EpochInput) -> None:
         """Build the model's, its loss's, metrics' and optimizer's variables, and find their ps slots."""
         from .. import _private_apis as private
 
         if self.model.optimizer is None:
             raise TrainerError("the model is not compiled. HINT: call model.compile(optimizer, loss, metrics) "
                                "in the function you pass to build(), as for model.fit.")
-        private.symbolic_build(self.model, data.batches(np.arange(min(data.rows, 2)), 2)[0])
+        private.symbolic_build(self.model, data.sample())
         if self.store is None:
             values = self._held_values()
             self.store = ParameterStore(slots_for(self.number, values, self.strategy.num_ps))
@@ -135,18 +96,22 @@ class AsyncJaxTrainer:
 
     @progress.watched
     def fit(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, epochs: int = 1,
-            verbose: Any = "auto", callbacks: Sequence[Any] | None = None, validation_data: Any = None,
-            shuffle: bool = True, sample_weight: Any = None, initial_epoch: int = 0, seed: int | None = 0,
+            verbose: Any = "auto", callbacks: Sequence[Any] | None = None, validation_split: float = 0.0,
+            validation_data: Any = None, shuffle: bool = True, class_weight: dict[int, float] | None = None,
+            sample_weight: Any = None, initial_epoch: int = 0, seed: int | None = 0,
             checkpoint_dir: str | None = None, validation_batch_size: int | None = None,
             validation_freq: int = 1, **unsupported: Any) -> Any:
         """Train like ``model.fit`` (see `keras_distrib.trainers.fit`); the chief returns the History."""
         refuse_unsupported(unsupported)
-        data = as_array_data(x, y, sample_weight)
+        source, val_source = fit_sources(x, y, sample_weight, class_weight, validation_split, validation_data)
+        data = epoch_input(source, batch_size, shuffle)
         self._connect_model(data)
-        run = Run(self, data, batch_size or 32, shuffle, seed)
+        run = Run(self, data, seed)
         if not self.is_chief:
             return run.work()
-        validation = None if validation_data is None else (validation_data, validation_batch_size or run.batch_size)
+        if validation_data is None and val_source is not None:
+            validation_data = val_source.rows_in_memory()  # validation_split's arrays
+        validation = None if validation_data is None else (validation_data, validation_batch_size or batch_size)
         return run.lead(epochs, initial_epoch, verbose, callbacks, validation, validation_freq, checkpoint_dir)
 
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
@@ -176,11 +141,10 @@ def refuse_unsupported(options: dict[str, Any]) -> None:
 class Run:
     """One fit: the chief's loop over epochs (`lead`) or a worker's over parts (`work`)."""
 
-    def __init__(self, trainer: AsyncJaxTrainer, data: ArrayData, batch_size: int, shuffle: bool,
-                 seed: int | None) -> None:
-        self.trainer, self.data, self.batch_size, self.shuffle = trainer, data, int(batch_size), shuffle
+    def __init__(self, trainer: AsyncJaxTrainer, data: EpochInput, seed: int | None) -> None:
+        self.trainer, self.data = trainer, data
         self.seed = random.getrandbits(31) if seed is None else int(seed)
-        self.num_batches = -(-data.rows // self.batch_size)
+        self.num_batches = data.num_batches
         self.store, self.queues = trainer.store, trainer.queues
         self.run_id = random.getrandbits(48)  # the chief's: its parts and their reports carry it
         self.live: dict[int, int] = {}  # the chief's: worker -> the pid of its latest start
@@ -201,18 +165,13 @@ class Run:
         size = metric_state_size(self.trainer.model)
         me, pid = info.index, os.getpid()
         self.queues.report(0, HELLO, me, pid, report_size=size)
-        orders: dict[tuple[int, int], np.ndarray] = {}
         while (part := self.queues.next_part(me)).epoch != STOP:
             self.queues.report(part.run, STARTED, me, pid, part.epoch, part.first, report_size=size)
-            order = orders.get((part.epoch, part.seed))
-            if order is None:
-                orders.clear()
-                order = orders[(part.epoch, part.seed)] = self.data.order(part.epoch, part.seed, self.shuffle)
-            rows = order[part.first * self.batch_size:(part.first + part.batches) * self.batch_size]
-            state = steps.run(state, self.data.batches(rows, self.batch_size))
+            batches = self.data.batches(part.epoch, part.seed, part.first, part.batches)
+            state = steps.run(state, batches)
             values = self.store.push_pull([(new - old) * scale for new, old, scale
                                            in zip(steps.held_values(state), base, scales)])
-            self.queues.report(part.run, DONE, me, pid, part.epoch, part.first, len(rows),
+            self.queues.report(part.run, DONE, me, pid, part.epoch, part.first, sum(map(batch_rows, batches)),
                                steps.metric_states(state), size)
             state, base = steps.with_held(state, values), values
             progress.tick(part.batches)
@@ -280,7 +239,7 @@ class Run:
                 if self.batch_logs:
                     set_metric_states(model, tally.states, reset)
                     cbs.on_train_batch_end(tally.steps - 1, running_logs(model))
-        if tally.examples != self.data.rows:
+        if self.data.rows is not None and tally.examples != self.data.rows:
             raise AssertionError(f"epoch {epoch}: {tally.examples} examples folded of {self.data.rows}")
         set_metric_states(model, tally.states, reset)
         seconds = time.perf_counter() - started_at

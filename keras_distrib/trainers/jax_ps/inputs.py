@@ -1,0 +1,180 @@
+"""The training data of a JAX ps fit, read by batch number: the chief hands out parts of an
+epoch as ranges of batches, and every process must find the same batches under the same
+numbers (the same epoch, seed and shuffle on every process).
+
+One interface, `EpochInput`, three readers:
+
+* `ArrayInput`: in-memory arrays; a part's rows are gathered by index (no pipeline).
+* `IndexedInput`: a ``keras.utils.PyDataset``; batch ``b`` is ``py_dataset[order[b]]``.
+* `StreamInput`: everything else `keras_distrib.data` takes (a ``tf.data.Dataset``, files, a
+  custom source): each process reads the epoch's stream of batches (a dataset's own shuffles
+  re-seeded alike on every process, `keras_distrib.data.DatasetSource`) and skips the batches
+  of parts other workers took, as ``Dataset.shard`` reads past other shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Protocol
+
+import numpy as np
+
+from ... import data as kd_data
+from ...data.pydataset import PyDatasetSource, standardize
+from .._common import TrainerError
+
+logger = logging.getLogger(__name__)
+
+
+class EpochInput(Protocol):
+    """An epoch of training data as numbered batches, the same on every process."""
+
+    #: Batches in every epoch.
+    num_batches: int
+    #: Examples in every epoch, where known before it (the chief then checks its count).
+    rows: int | None
+
+    def sample(self) -> tuple[Any, ...]:
+        """A batch to build the model's variables from."""
+        ...
+
+    def batches(self, epoch: int, seed: int, first: int, count: int) -> list[tuple[Any, ...]]:
+        """Batches ``first .. first + count - 1`` of ``epoch`` (each ``(x, y[, sample_weight])``)."""
+        ...
+
+
+def batch_rows(batch: tuple[Any, ...]) -> int:
+    """Examples in one batch: the leading size of its first array."""
+    import jax
+
+    return int(len(jax.tree_util.tree_leaves(batch)[0]))
+
+
+def as_tuple(batch: Any) -> tuple[Any, ...]:
+    """A batch as Keras' ``train_step`` takes it: ``(x, y[, sample_weight])``, or ``(x,)``."""
+    return tuple(batch) if isinstance(batch, tuple) else (batch,)
+
+
+@dataclass
+class ArrayInput:
+    """In-memory arrays: the epoch's order of rows is drawn from ``(seed, epoch)``."""
+
+    arrays: tuple[Any, ...]
+    rows: int
+    batch_size: int
+    shuffle: bool
+    _orders: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_batches(self) -> int:
+        return -(-self.rows // self.batch_size)
+
+    def sample(self) -> tuple[Any, ...]:
+        return self._gather(np.arange(min(self.rows, 2)))
+
+    def order(self, epoch: int, seed: int) -> np.ndarray:
+        """The epoch's order of rows (cached for the epoch being read)."""
+        key = (epoch, seed)
+        if key not in self._orders:
+            self._orders.clear()
+            rng = np.random.default_rng([seed, epoch])
+            self._orders[key] = rng.permutation(self.rows) if self.shuffle else np.arange(self.rows)
+        return self._orders[key]
+
+    def batches(self, epoch: int, seed: int, first: int, count: int) -> list[tuple[Any, ...]]:
+        rows = self.order(epoch, seed)[first * self.batch_size:(first + count) * self.batch_size]
+        return [self._gather(rows[i:i + self.batch_size]) for i in range(0, len(rows), self.batch_size)]
+
+    def _gather(self, rows: np.ndarray) -> tuple[Any, ...]:
+        import jax
+
+        return jax.tree_util.tree_map(lambda a: a[rows], self.arrays)
+
+
+@dataclass
+class IndexedInput:
+    """A ``keras.utils.PyDataset``: batch ``b`` of an epoch is ``py_dataset[order[b]]``, the order
+    permuted from ``(seed, epoch)`` when ``shuffle`` (as Keras' own ``fit`` permutes it)."""
+
+    py_dataset: Any
+    num_batches: int
+    shuffle: bool
+    rows: int | None = None
+
+    def sample(self) -> tuple[Any, ...]:
+        return as_tuple(standardize(self.py_dataset[0]))
+
+    def batches(self, epoch: int, seed: int, first: int, count: int) -> list[tuple[Any, ...]]:
+        order = np.random.default_rng([seed, epoch]).permutation(self.num_batches) if self.shuffle \
+            else np.arange(self.num_batches)
+        return [as_tuple(standardize(self.py_dataset[int(b)])) for b in order[first:first + count]]
+
+
+@dataclass
+class StreamInput:
+    """A source read as one stream of batches per epoch (`keras_distrib.data.pipeline`, one shard).
+
+    A reader keeps its place in the epoch it reads: parts handed out in order cost one pass;
+    a part before the place (a dead worker's, handed out again) opens the epoch afresh.
+    """
+
+    source: Any
+    batch_size: int | None
+    shuffle: bool
+    num_batches: int = 0
+    rows: int | None = None
+    _stream: Iterator[Any] | None = field(default=None, repr=False)
+    _key: tuple[int, int] | None = field(default=None, repr=False)
+    _place: int = 0
+
+    def __post_init__(self) -> None:
+        self.num_batches = self._count_batches()
+        if not self.source.batched and self.source.num_examples is not None:
+            self.rows = int(self.source.num_examples)
+
+    def epoch(self, epoch: int, seed: int) -> Any:
+        """The epoch's batches as a ``tf.data.Dataset`` (the same on every process)."""
+        return kd_data.pipeline(self.source, 0, 1, batch_size=self.batch_size, shuffle=self.shuffle, seed=seed,
+                                repeat=False, epoch=epoch)
+
+    def _count_batches(self) -> int:
+        import tensorflow as tf
+
+        known = int(self.epoch(0, 0).cardinality())
+        if known == tf.data.INFINITE_CARDINALITY:
+            raise TrainerError("the training data has no end (an infinite dataset: .repeat()). HINT: drop the "
+                               ".repeat(): every epoch is the whole data, exactly once, in the parameter-server "
+                               "layouts on JAX (steps_per_epoch is not supported there yet).")
+        if known >= 0:
+            return known
+        logger.info("the data has unknown size: counting its batches in one pass first "
+                    "(tf.data.experimental.assert_cardinality(N) on the dataset skips this).")
+        return int(self.epoch(0, 0).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+
+    def sample(self) -> tuple[Any, ...]:
+        return as_tuple(next(iter(self.epoch(0, 0).take(1).as_numpy_iterator())))
+
+    def batches(self, epoch: int, seed: int, first: int, count: int) -> list[tuple[Any, ...]]:
+        if self._key != (epoch, seed) or self._place > first or self._stream is None:
+            self._stream, self._key, self._place = self.epoch(epoch, seed).as_numpy_iterator(), (epoch, seed), 0
+        for _ in range(first - self._place):
+            next(self._stream)
+        self._place = first + count
+        return [as_tuple(next(self._stream)) for _ in range(count)]
+
+
+def epoch_input(source: Any, batch_size: int | None, shuffle: bool) -> EpochInput:
+    """The reader for a `keras_distrib.data` source (see the module docstring)."""
+    arrays = source.rows_in_memory()
+    if arrays is not None:
+        import jax
+
+        arrays = jax.tree_util.tree_map(np.asarray, as_tuple(arrays))  # tf.Tensors too: gathered by numpy
+        return ArrayInput(arrays, int(source.num_examples), int(batch_size or 32), shuffle)
+    if isinstance(source, PyDatasetSource):
+        if source.num_examples is None:
+            raise TrainerError("the PyDataset has no end (num_batches None). HINT: give it __len__: every epoch is "
+                               "the whole data, exactly once, in the parameter-server layouts on JAX.")
+        return IndexedInput(source.py_dataset, source.num_examples, shuffle)
+    return StreamInput(source, None if source.batched else int(batch_size or 32), shuffle)
