@@ -366,7 +366,8 @@ class Agent(MembershipPolicy):
             self.fail(f"{child.label} stopped with exit code {code}: its setup is wrong, as its line above says. "
                       "HINT: fix what that line names; a restart would stop the same way", code)
             return
-        fault = code > 0 and not self.status.interrupted and self.plan.restarts_on_error(child.proc)  # not SCRIPT's end
+        fault = (code > 0 and code != PREEMPTED_EXIT_CODE and not self.status.interrupted
+                 and self.plan.restarts_on_error(child.proc))  # not SCRIPT's end
         # A script that died of the SIGUSR1 it was sent (no checkpoint_dir, no handler) stopped on request.
         if self._leader_decides() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1) or fault):
             self._on_death(child, code)

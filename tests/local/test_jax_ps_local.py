@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -84,25 +85,39 @@ def test_the_tensorflow_ps_script_runs_unchanged_on_jax_exactly_and_resumes(tmp_
     assert not alive(job.seen | again.seen)
 
 
-def test_a_worker_killed_mid_epoch_is_restarted_and_every_epoch_stays_exact(tmp_path: Path) -> None:
-    """3 nodes, 3 workers: worker 1 killed in the second epoch; its parts run again elsewhere
-    (or on it, restarted), and every epoch still counts each example once."""
+def test_a_killed_worker_then_a_preemption_then_a_resume_keep_every_epoch_exact(tmp_path: Path) -> None:
+    """3 nodes, 3 workers: worker 1 killed in the second epoch (its parts run again elsewhere, or
+    on it, restarted); a SIGUSR1 in the third saves where the epoch is and every SCRIPT process
+    exits 75; the same command resumes inside that epoch, and every epoch counts each example once."""
     epochs, rows = 4, 12_003  # about 1-3 s an epoch: the kill lands inside it
-    job = Job(["--nodes", "3", "--layout", "ps-per-node", "--startup-timeout", "600", str(SCRIPT), str(tmp_path),
-               str(epochs), str(rows)], tmp_path, KERAS_BACKEND="jax")
+    args = ["--nodes", "3", "--layout", "ps-per-node", "--startup-timeout", "600", str(SCRIPT), str(tmp_path),
+            str(epochs), str(rows)]
+    job = Job(args, tmp_path, KERAS_BACKEND="jax")
     try:
         assert wait_for(lambda: (tmp_path / "started-1").exists(), 600), job.text()[-3000:]
         time.sleep(random.Random(SEED).uniform(0, 0.5))
         job.kill("worker:1")
+        assert wait_for(lambda: (tmp_path / "started-2").exists(), 600), job.text()[-3000:]
+        time.sleep(random.Random(SEED).uniform(0.2, 0.6))
+        job.proc.send_signal(signal.SIGUSR1)
         code = job.wait()
     finally:
         if job.proc.poll() is None:
             job.proc.kill()
     agent = "\n".join(line for line in job.lines if " agent] " in line)
-    assert code == 0, f"seed {SEED}\n{agent}\n{job.text()[-4000:]}"
+    assert code == 75, f"seed {SEED}\n{agent}\n{job.text()[-4000:]}"
     assert job.count("worker:1 on local1 exited with signal 9 (SIGKILL); restarting it (1/3)") >= 1, agent
-    assert_exact(history_of(job)["history"], epochs, rows)
+    saved = [line for line in job.lines if "got SIGUSR1: saved a checkpoint in" in line]
+    assert len(saved) == 1, job.text()[-3000:]
+    assert all(job.count(f"worker:{w} on local{w} finished with exit code 75") == 1 for w in range(3)), agent
     assert not alive(job.seen)
+
+    rerun = Job(args, tmp_path, KERAS_BACKEND="jax")
+    assert rerun.wait() == 0, rerun.text()[-4000:]
+    where = saved[0].split(" at ")[1].split(";")[0]  # "epoch 3, 200 of 376 batches into it"
+    assert rerun.count(f"resuming from {tmp_path}/ckpt/jax-ps: {where}") == 1, (where, rerun.text()[-3000:])
+    assert_exact(history_of(rerun)["history"], epochs, rows)
+    assert not alive(rerun.seen)
     assert os.path.exists(tmp_path / "model.keras")
 
 

@@ -5,7 +5,8 @@ one reader, who dequeues only what `size` says is there: a dequeue that waits on
 every other client's ops on that task (measured), so nothing here ever waits on the ps.
 * ``parts<w>``: worker w's next parts, ``(run, epoch, first batch, batches, seed)``. The chief
   keeps `DEPTH` parts in each and adds one each time the worker starts one, so a fast worker
-  takes more parts than a slow one (the dynamic hand-out); ``epoch == STOP`` ends its fit.
+  takes more parts than a slow one (the dynamic hand-out); ``epoch == STOP`` ends its fit
+  (its ``first``: the signal of a preemption, which ends the worker's SCRIPT too).
   The queue outlives a worker's restart: only the parts it had taken are lost.
 * ``reports``: each worker says `HELLO` when it starts, `STARTED` when it takes a part and
   `DONE` after the part's deltas are on the ps, with its examples and metric states. Only the
@@ -127,11 +128,12 @@ class Queues:
         """How many parts ``worker`` has not taken yet."""
         return self.parts[worker].size()
 
-    def stop_workers(self, run: int, wait: float) -> None:
+    def stop_workers(self, run: int, wait: float, signum: int = 0) -> None:
         """End every worker's fit; wait up to ``wait`` seconds for each to take its stop, so
-        none is still reading from a ps that ends with the chief's SCRIPT."""
+        none is still reading from a ps that ends with the chief's SCRIPT. ``signum``: the
+        preemption signal that stops the job (the stop's ``first``), 0 at the fit's end."""
         for worker in range(len(self.parts)):
-            self.hand_out(worker, [Part(run, STOP, 0, 0, 0)])
+            self.hand_out(worker, [Part(run, STOP, signum, 0, 0)])
         deadline = time.monotonic() + wait
         while any(self.waiting(w) for w in range(len(self.parts))) and time.monotonic() < deadline:
             time.sleep(POLL)

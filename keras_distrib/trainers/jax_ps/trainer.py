@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -18,11 +19,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import contract, progress
+from ...checkpoints import Preempted, preemption_requested, preemption_signals
+from ...contract import PREEMPTED_EXIT_CODE
 from .. import callbacks as cb_utils
 from .._common import TrainerError
 from ..base import fit_sources
 from .inputs import EpochInput, batch_rows, epoch_input
-from .handout import DONE, HELLO, STARTED, STOP, EpochHandOut, Queues, parts_of_epoch
+from .handout import DONE, HELLO, STARTED, STOP, EpochHandOut, Part, Queues, Report, parts_of_epoch
 from .steps import LocalSteps, delta_scales, flat_variables, held_indices, metric_state_size, set_metric_states
 from .store import ParameterStore, slots_for
 
@@ -41,6 +44,22 @@ class EpochTally:
     examples: int = 0
     steps: int = 0
     worker_steps: dict[int, int] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)  # the folded parts' first batches
+
+    @classmethod
+    def of(cls, within: dict[str, Any] | None, size: int) -> "EpochTally":
+        """A fresh tally, or the one a preempted run saved (`Run.stop_preempted`)."""
+        if within is None:
+            return cls(np.zeros(size))
+        return cls(np.asarray(within["states"], np.float64), int(within["examples"]), int(within["steps"]),
+                   {int(w): int(n) for w, n in within["worker_steps"].items()}, set(within["done"]))
+
+    def add(self, part: Part, report: Report) -> None:
+        self.states += report.states
+        self.examples += report.examples
+        self.steps += part.batches
+        self.worker_steps[report.worker] = self.worker_steps.get(report.worker, 0) + part.batches
+        self.done.add(part.first)
 
 
 class AsyncJaxTrainer:
@@ -148,6 +167,7 @@ class Run:
         self.store, self.queues = trainer.store, trainer.queues
         self.run_id = random.getrandbits(48)  # the chief's: its parts and their reports carry it
         self.live: dict[int, int] = {}  # the chief's: worker -> the pid of its latest start
+        self.tally: EpochTally | None = None  # the chief's: the epoch being folded
         assert self.store is not None and self.queues is not None
 
     # -- a worker -------------------------------------------------------------------
@@ -176,6 +196,9 @@ class Run:
             state, base = steps.with_held(state, values), values
             progress.tick(part.batches)
         steps.write_back(steps.with_held(state, base))
+        if part.first:  # the chief saved a checkpoint on a preemption signal: the job stops to be requeued
+            logger.info("%s:%d stops: the job was preempted (%s)", info.job, me, signal.Signals(part.first).name)
+            raise Preempted(part.first)
         history = keras.callbacks.History()
         history.set_model(self.trainer.model)
         return history
@@ -191,6 +214,7 @@ class Run:
         start = max(initial_epoch, 0 if resumed is None else resumed + 1)
         if resumed is not None:  # CSVLogger files continue, not restart
             cb_utils.continue_csv_logs(callbacks, start)
+        within = keeper.within_epoch(start, self.num_batches, self.trainer.steps_per_execution)
         self.store.assign(self.trainer._held_values())
         cbs = cb_utils.callback_list(callbacks, model, epochs=epochs, steps=self.num_batches,
                                      verbose=verbose_level(verbose), show=True)
@@ -199,16 +223,19 @@ class Run:
         cbs.on_train_begin()
         keeper.restore_callbacks()
         logs: dict[str, Any] = {}
-        for epoch in range(start, epochs):
-            cbs.on_epoch_begin(epoch)
-            logs = self.lead_epoch(epoch, epochs, cbs)
-            self.trainer._pull_into_model()
-            if validation is not None and (epoch + 1) % max(1, validation_freq) == 0:
-                logs.update(validate(model, *validation))
-            cbs.on_epoch_end(epoch, logs)
-            keeper.save(epoch)
-            if model.stop_training:
-                break
+        with preemption_signals(enabled=checkpoint_dir is not None):
+            for epoch in range(start, epochs):
+                cbs.on_epoch_begin(epoch)
+                logs = self.lead_epoch(epoch, epochs, cbs, within if epoch == start else None)
+                self.trainer._pull_into_model()
+                if (signum := preemption_requested()) is not None:
+                    self.stop_preempted(keeper, epoch, signum)
+                if validation is not None and (epoch + 1) % max(1, validation_freq) == 0:
+                    logs.update(validate(model, *validation))
+                cbs.on_epoch_end(epoch, logs)
+                keeper.save(epoch)
+                if model.stop_training:
+                    break
         if start >= epochs:
             logger.info("every one of the %d epochs was done (checkpoint in %s): nothing to train", epochs,
                         checkpoint_dir)
@@ -216,32 +243,48 @@ class Run:
         cbs.on_train_end(logs)
         return model.history
 
-    def lead_epoch(self, epoch: int, epochs: int, cbs: Any) -> dict[str, Any]:
-        """Hand out one epoch's parts and fold each one's report exactly once."""
+    def stop_preempted(self, keeper: "Keeper", epoch: int, signum: int) -> None:
+        """Save where the epoch is (its parts folded so far), stop every worker, exit to be requeued."""
+        tally = self.tally
+        assert tally is not None
+        keeper.save(epoch - 1, within={
+            "epoch": epoch, "num_batches": self.num_batches, "per_part": self.trainer.steps_per_execution,
+            "done": sorted(tally.done), "states": tally.states.tolist(), "examples": tally.examples,
+            "steps": tally.steps, "worker_steps": {str(w): n for w, n in tally.worker_steps.items()}})
+        logger.info("got %s: saved a checkpoint in %s at epoch %d, %d of %d batches into it; stopping with exit code "
+                    "%d so the job can be requeued.", signal.Signals(signum).name, keeper.directory, epoch + 1,
+                    tally.steps, self.num_batches, PREEMPTED_EXIT_CODE)
+        self.queues.stop_workers(self.run_id, STOP_WAIT, signum)
+        raise Preempted(signum)
+
+    def lead_epoch(self, epoch: int, epochs: int, cbs: Any, within: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Hand out one epoch's parts and fold each one's report exactly once (``within``: the
+        parts a preempted run folded already, from its checkpoint). A preemption signal ends the
+        hand-out early: `tally` then holds what was folded."""
         started_at = time.perf_counter()
         model = self.trainer.model
         for metric in model.metrics:
             metric.reset_state()
         reset = [np.asarray(v.value) for v in model.metrics_variables]
-        hand = EpochHandOut(self.queues, parts_of_epoch(self.run_id, epoch, self.num_batches,
-                                                        self.trainer.steps_per_execution, self.seed), self.live)
-        tally = EpochTally(np.zeros(metric_state_size(model)))
-        while hand.open:
+        tally = self.tally = EpochTally.of(within, metric_state_size(model))
+        parts = [p for p in parts_of_epoch(self.run_id, epoch, self.num_batches, self.trainer.steps_per_execution,
+                                           self.seed) if p.first not in tally.done]
+        hand = EpochHandOut(self.queues, parts, self.live) if parts else None
+        while hand is not None and hand.open and preemption_requested() is None:
             for report in hand.wait():
                 part = hand.fold(report)
                 if part is None:
                     continue
-                tally.states += report.states
-                tally.examples += report.examples
-                tally.steps += part.batches
-                tally.worker_steps[report.worker] = tally.worker_steps.get(report.worker, 0) + part.batches
+                tally.add(part, report)
                 progress.tick(part.batches)
                 if self.batch_logs:
                     set_metric_states(model, tally.states, reset)
                     cbs.on_train_batch_end(tally.steps - 1, running_logs(model))
+        set_metric_states(model, tally.states, reset)
+        if preemption_requested() is not None:
+            return running_logs(model)
         if self.data.rows is not None and tally.examples != self.data.rows:
             raise AssertionError(f"epoch {epoch}: {tally.examples} examples folded of {self.data.rows}")
-        set_metric_states(model, tally.states, reset)
         seconds = time.perf_counter() - started_at
         stats = {"epoch": epoch, "seconds": seconds, "steps": tally.steps, "examples": tally.examples,
                  "steps_per_sec": tally.steps / max(seconds, 1e-9), "parts_per_worker": dict(tally.worker_steps)}
@@ -279,6 +322,7 @@ class Keeper:
         self.directory = None if directory is None else os.path.join(directory, "jax-ps")
         self.model, self.callbacks = model, callbacks
         self.saved_callbacks: Any = None
+        self.within: dict[str, Any] | None = None
 
     def restore(self) -> int | None:
         """The last epoch done (None without a checkpoint); the model holds its weights."""
@@ -288,16 +332,34 @@ class Keeper:
             saved = json.load(f)
         self.model.load_weights(os.path.join(self.directory, "model.weights.h5"))
         self.saved_callbacks = saved.get("callbacks")
-        logger.info("resuming from %s: epoch %d done", self.directory, saved["epoch"] + 1)
-        return int(saved["epoch"])
+        self.within = saved.get("within")
+        if self.within:
+            logger.info("resuming from %s: epoch %d, %d of %d batches into it", self.directory,
+                        self.within["epoch"] + 1, self.within["steps"], self.within["num_batches"])
+        else:
+            logger.info("resuming from %s: epoch %d done", self.directory, saved["epoch"] + 1)
+        return None if saved["epoch"] < 0 and not self.within else int(saved["epoch"])
+
+    def within_epoch(self, epoch: int, num_batches: int, per_part: int) -> dict[str, Any] | None:
+        """The parts of ``epoch`` a preempted run folded, where they are parts of this run's epoch."""
+        within = self.within
+        if not within or within["epoch"] != epoch:
+            return None
+        if (within["num_batches"], within["per_part"]) != (num_batches, per_part):
+            logger.warning("the checkpoint in %s was saved %d batches into epoch %d, with %d batches an epoch in parts "
+                           "of %d; this run has %d in parts of %d, so the epoch runs whole again.", self.directory,
+                           within["steps"], epoch + 1, within["num_batches"], within["per_part"], num_batches, per_part)
+            return None
+        return within
 
     def restore_callbacks(self) -> None:
         """After ``on_train_begin``, which resets them."""
         cb_utils.restore_callback_state(self.callbacks, self.saved_callbacks)
 
-    def save(self, epoch: int) -> None:
-        """Weights first, then the epoch: a crash between the two resumes from the newer weights and
-        runs that epoch once more; the files are never half written (each replaced whole)."""
+    def save(self, epoch: int, within: dict[str, Any] | None = None) -> None:
+        """Weights first, then the epoch (``within``: the parts of the next epoch folded, after a
+        preemption): a crash between the two resumes from the newer weights and runs those
+        parts once more; the files are never half written (each replaced whole)."""
         if self.directory is None:
             return
         os.makedirs(self.directory, exist_ok=True)
@@ -305,6 +367,5 @@ class Keeper:
         self.model.save_weights(tmp)
         os.replace(tmp, os.path.join(self.directory, "model.weights.h5"))
         with open(os.path.join(self.directory, "epoch.json.tmp"), "w") as f:
-            json.dump({"epoch": epoch, "callbacks": cb_utils.callback_state(self.callbacks)}, f)
+            json.dump({"epoch": epoch, "callbacks": cb_utils.callback_state(self.callbacks), "within": within}, f)
         os.replace(os.path.join(self.directory, "epoch.json.tmp"), os.path.join(self.directory, "epoch.json"))
-
