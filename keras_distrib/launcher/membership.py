@@ -149,7 +149,7 @@ class MembershipPolicy:
 
     def _resume_point(self) -> str:
         """Where SCRIPT resumes, for the membership lines."""
-        if self.plan.is_jax:  # SCRIPT checkpoints itself (keras_distrib.fit is not used): no note
+        if self.plan.is_jax:  # the jax layouts' SCRIPT checkpoints itself (no keras_distrib.fit): no note
             return "from its last checkpoint"
         last = self._last_checkpoint()
         if last is None:

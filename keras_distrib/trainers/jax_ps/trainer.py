@@ -223,6 +223,7 @@ class Run:
         cbs.on_train_begin()
         keeper.restore_callbacks()
         logs: dict[str, Any] = {}
+        progress.training_ended(False)
         with preemption_signals(enabled=checkpoint_dir is not None):
             for epoch in range(start, epochs):
                 cbs.on_epoch_begin(epoch)
@@ -233,7 +234,8 @@ class Run:
                 if validation is not None and (epoch + 1) % max(1, validation_freq) == 0:
                     logs.update(validate(model, *validation))
                 cbs.on_epoch_end(epoch, logs)
-                keeper.save(epoch)
+                progress.training_ended(epoch + 1 >= epochs or model.stop_training)  # before the checkpoint is noted
+                keeper.save(epoch, steps=(epoch + 1) * self.num_batches)
                 if model.stop_training:
                     break
         if start >= epochs:
@@ -247,7 +249,7 @@ class Run:
         """Save where the epoch is (its parts folded so far), stop every worker, exit to be requeued."""
         tally = self.tally
         assert tally is not None
-        keeper.save(epoch - 1, within={
+        keeper.save(epoch - 1, steps=epoch * self.num_batches + tally.steps, within={
             "epoch": epoch, "num_batches": self.num_batches, "per_part": self.trainer.steps_per_execution,
             "done": sorted(tally.done), "states": tally.states.tolist(), "examples": tally.examples,
             "steps": tally.steps, "worker_steps": {str(w): n for w, n in tally.worker_steps.items()}})
@@ -356,10 +358,11 @@ class Keeper:
         """After ``on_train_begin``, which resets them."""
         cb_utils.restore_callback_state(self.callbacks, self.saved_callbacks)
 
-    def save(self, epoch: int, within: dict[str, Any] | None = None) -> None:
+    def save(self, epoch: int, steps: int, within: dict[str, Any] | None = None) -> None:
         """Weights first, then the epoch (``within``: the parts of the next epoch folded, after a
         preemption): a crash between the two resumes from the newer weights and runs those
-        parts once more; the files are never half written (each replaced whole)."""
+        parts once more; the files are never half written (each replaced whole). ``steps``:
+        the batches trained in all, for the agent's re-forming line."""
         if self.directory is None:
             return
         os.makedirs(self.directory, exist_ok=True)
@@ -369,3 +372,4 @@ class Keeper:
         with open(os.path.join(self.directory, "epoch.json.tmp"), "w") as f:
             json.dump({"epoch": epoch, "callbacks": cb_utils.callback_state(self.callbacks), "within": within}, f)
         os.replace(os.path.join(self.directory, "epoch.json.tmp"), os.path.join(self.directory, "epoch.json"))
+        progress.checkpointed(steps, epoch + 1 if within is None else epoch + 2)
