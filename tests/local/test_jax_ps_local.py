@@ -17,6 +17,7 @@ import pytest
 
 from docs_blocks import command_lines
 from launcher_utils import Job, alive, launcher_env, wait_for
+from test_hangs_local import HANG_TIMEOUT, HungJob
 
 pytest.importorskip("jax", reason="the [jax] extra is not installed")
 
@@ -147,18 +148,18 @@ def test_every_input_kind_trains_each_example_once_per_epoch_with_three_workers(
     assert not alive(job.seen)
 
 
-def test_a_lost_node_with_min_nodes_continues_on_the_survivors_exactly(tmp_path: Path) -> None:
-    """3 nodes, --min-nodes 2, no restarts: worker 2's death in the third epoch loses local2; the job
-    re-forms on local0 and local1 from the epoch checkpoint (named in the line) and every epoch
-    still counts each example once."""
+def test_a_frozen_worker_is_named_and_its_lost_node_continues_on_the_survivors_exactly(tmp_path: Path) -> None:
+    """3 nodes, --min-nodes 2, no restarts: worker 2 frozen (SIGSTOP) in the third epoch is named by
+    the watchdog; with the restart budget spent, local2 is lost and the job re-forms on local0 and
+    local1 from the epoch checkpoint (named in the line); every epoch counts each example once."""
     epochs, rows = 4, 12_003
-    job = Job(["--nodes", "3", "--min-nodes", "2", "--max-restarts", "0", "--layout", "ps-per-node",
-               "--startup-timeout", "600", str(SCRIPT), str(tmp_path), str(epochs), str(rows)], tmp_path,
-              KERAS_BACKEND="jax")
+    job = HungJob(["--nodes", "3", "--min-nodes", "2", "--max-restarts", "0", "--hang-timeout", str(HANG_TIMEOUT),
+                   "--layout", "ps-per-node", "--startup-timeout", "600", str(SCRIPT), str(tmp_path), str(epochs),
+                   str(rows)], tmp_path, KERAS_BACKEND="jax")
     try:
         assert wait_for(lambda: (tmp_path / "started-2").exists(), 600), job.text()[-3000:]
         time.sleep(random.Random(SEED).uniform(0, 0.5))
-        job.kill("worker:2")
+        job.stop("worker:2")
         code = job.wait()
     finally:
         if job.proc.poll() is None:
@@ -167,7 +168,7 @@ def test_a_lost_node_with_min_nodes_continues_on_the_survivors_exactly(tmp_path:
     lost = [line for line in job.lines if "; continuing on " in line]
     assert len(lost) == 1, job.text()[-3000:]
     found = re.search(r"lost local2; continuing on 2 nodes \(local0, local1\) from the checkpoint at epoch (\d), "
-                      r"step (\d+) \(worker:2 on local2 exited with signal 9", lost[0])
+                      rf"step (\d+) \(worker:2 on local2 made no progress for {HANG_TIMEOUT} s", lost[0])
     assert found and int(found.group(2)) == int(found.group(1)) * 376 and int(found.group(1)) >= 2, lost
     assert job.count(f"resuming from {tmp_path}/ckpt/jax-ps: epoch {found.group(1)} done") == 1, job.text()[-3000:]
     assert_exact(history_of(job)["history"], epochs, rows)

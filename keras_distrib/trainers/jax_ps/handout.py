@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ... import progress
 from ...plan import PS
 
 logger = logging.getLogger(__name__)
@@ -152,11 +153,17 @@ class Queues:
     # -- a worker -----------------------------------------------------------------
 
     def next_part(self, worker: int) -> Part:
-        """``worker``'s next part, once the chief has handed one out (looks less often while idle)."""
-        pause = POLL
+        """``worker``'s next part, once the chief has handed one out (looks less often while idle).
+
+        Waiting counts as progress once a second: an idle worker is not a frozen one (the chief
+        validating, saving), and a frozen worker cannot count."""
+        pause, alive_at = POLL, time.monotonic()
         while not self.waiting(worker):
             time.sleep(pause)
             pause = min(2 * pause, IDLE_POLL)
+            if time.monotonic() - alive_at >= 1.0:
+                progress.tick(1)
+                alive_at = time.monotonic()
         return Part(*(int(v) for v in self.parts[worker].take(1)[0]))
 
     def report(self, run: int, kind: int, worker: int, pid: int, epoch: int = 0, first: int = 0,
