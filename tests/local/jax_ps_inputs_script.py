@@ -1,5 +1,5 @@
 """Training script for the JAX parameter-server input tests: one model trained by a fit per input
-kind (argv: WORKDIR ROWS KIND...; kinds: dataset, batched, unknown, pydataset, split).
+kind (argv: WORKDIR ROWS KIND...; kinds: dataset, batched, unknown, pydataset, split, steps).
 
 Each fit runs 2 epochs on ROWS synthetic examples. As in jax_ps_script.py, an untrained output
 carries each example's id, so the metrics ``id_count`` and ``id_idsum`` read how many examples an
@@ -75,6 +75,8 @@ inputs = {
     "unknown": dict(x=elements.filter(lambda a, b: True).batch(40)),
     "pydataset": dict(x=Batches(train_x, train_y), validation_data=Batches(*val)),
     "split": dict(x=x, y=y, batch_size=32, validation_split=200 / (rows + 200)),
+    "steps": dict(x=elements.shuffle(300, seed=3).batch(32).repeat(), steps_per_epoch=20,
+                  validation_data=tf.data.Dataset.from_tensor_slices(val).batch(50).repeat(), validation_steps=2),
 }
 model = build(make_model, strategy)
 for kind in kinds:

@@ -124,13 +124,14 @@ def test_a_killed_worker_then_a_preemption_then_a_resume_keep_every_epoch_exact(
 
 
 INPUTS_SCRIPT = Path(__file__).resolve().parent / "jax_ps_inputs_script.py"
-INPUT_KINDS = ["dataset", "batched", "unknown", "pydataset", "split"]
+INPUT_KINDS = ["dataset", "batched", "unknown", "pydataset", "split", "steps"]
 
 
 def test_every_input_kind_trains_each_example_once_per_epoch_with_three_workers(tmp_path: Path) -> None:
     """3 nodes: a shuffled tf.data.Dataset (unbatched, batched, of unknown size), a shuffled
     PyDataset and arrays with validation_split each train 2 exact epochs of 1,003 examples
-    (short last batches; 3 workers reading the same stream), with their validation."""
+    (short last batches; 3 workers reading the same stream), with their validation; an endless
+    dataset with steps_per_epoch and validation_steps reads on across epochs."""
     job = Job(["--nodes", "3", "--layout", "ps-per-node", "--startup-timeout", "600", str(INPUTS_SCRIPT),
                str(tmp_path), str(ROWS), *INPUT_KINDS], tmp_path, KERAS_BACKEND="jax")
     assert job.wait() == 0, job.text()[-4000:]
@@ -140,6 +141,11 @@ def test_every_input_kind_trains_each_example_once_per_epoch_with_three_workers(
             row = json.loads(line.split("] ", 1)[1])
             results[row["kind"]] = row["history"]
     assert sorted(results) == sorted(INPUT_KINDS), job.text()[-3000:]
+    # steps_per_epoch=20 of an endless dataset of 32 batches a pass (the last of 11): epoch 1 is 20
+    # whole batches, epoch 2 the 12 left of the pass (11 whole, 1 of 11) and 8 of the next.
+    steps = results.pop("steps")
+    assert steps["id_count"] == [640.0, 11 * 32 + 11 + 8 * 32], steps
+    assert steps["val_id_count"] == [100.0, 100.0], steps
     for kind, history in results.items():
         assert_exact(history, 2)
         assert history["label_accuracy"][-1] > 0.8, (kind, history)

@@ -82,5 +82,32 @@ def test_an_endless_input_is_refused_with_a_hint() -> None:
     import tensorflow as tf
 
     x, y = arrays()
-    with pytest.raises(TrainerError, match="no end.*HINT"):
+    with pytest.raises(TrainerError, match="no end.*steps_per_epoch is not given. HINT"):
         epoch_input(kd_data.as_source(tf.data.Dataset.from_tensor_slices((x, y)).repeat()), 10, shuffle=True)
+
+
+@pytest.mark.parametrize("kind", ["arrays", "batched", "pydataset"])
+def test_steps_per_epoch_reads_the_data_repeated_pass_after_pass(kind: str) -> None:
+    """7 batches an epoch of 11 a pass: the epochs, end to end, are the passes end to end, and
+    the batches under a number are the same in two readers however the parts are read."""
+    make = kinds()[kind]
+    first, second = epoch_input(make(), 10, True, steps_per_epoch=7), epoch_input(make(), 10, True, steps_per_epoch=7)
+    plain = epoch_input(make(), 10, True)
+    assert first.num_batches == 7 and first.rows is None and plain.num_batches == 11
+    epochs = sum((ids(first.batches(e, 3, 0, 7)) for e in range(4)), [])  # 28 batches: 2 passes and 6 batches
+    passes = sum((ids(plain.batches(p, 3, 0, 11)) for p in range(3)), [])
+    assert epochs == passes[:len(epochs)]
+    assert ids(second.batches(2, 3, 4, 3)) + ids(second.batches(2, 3, 0, 4)) == \
+        ids(first.batches(2, 3, 4, 3)) + ids(first.batches(2, 3, 0, 4))
+
+
+def test_an_endless_dataset_with_steps_per_epoch_is_read_on() -> None:
+    import tensorflow as tf
+
+    x, y = arrays()
+    endless = tf.data.Dataset.from_tensor_slices((x, y)).batch(10).repeat()
+    reader = epoch_input(kd_data.as_source(endless), None, True, steps_per_epoch=4)
+    assert ids(reader.batches(0, 0, 0, 4)) + ids(reader.batches(1, 0, 0, 4)) + ids(reader.batches(2, 0, 0, 4)) == \
+        (list(map(float, range(ROWS))) * 2)[:ROWS + 10]  # 11 batches (the last of 3), then 1 of the next pass
+    with pytest.raises(TrainerError, match="steps_per_epoch=0.*HINT"):
+        epoch_input(kd_data.as_source(endless), None, True, steps_per_epoch=0)

@@ -6,6 +6,7 @@ One interface, `EpochInput`, three readers:
 
 * `ArrayInput`: in-memory arrays; a part's rows are gathered by index (no pipeline).
 * `IndexedInput`: a ``keras.utils.PyDataset``; batch ``b`` is ``py_dataset[order[b]]``.
+* `RepeatedInput`: any of the others repeated, ``steps_per_epoch`` batches an epoch.
 * `StreamInput`: everything else `keras_distrib.data` takes (a ``tf.data.Dataset``, files, a
   custom source): each process reads the epoch's stream of batches (a dataset's own shuffles
   re-seeded alike on every process, `keras_distrib.data.DatasetSource`) and skips the batches
@@ -30,8 +31,8 @@ logger = logging.getLogger(__name__)
 class EpochInput(Protocol):
     """An epoch of training data as numbered batches, the same on every process."""
 
-    #: Batches in every epoch.
-    num_batches: int
+    #: Batches in every epoch (None: endless, read only through `RepeatedInput`).
+    num_batches: int | None
     #: Examples in every epoch, where known before it (the chief then checks its count).
     rows: int | None
 
@@ -98,7 +99,7 @@ class IndexedInput:
     permuted from ``(seed, epoch)`` when ``shuffle`` (as Keras' own ``fit`` permutes it)."""
 
     py_dataset: Any
-    num_batches: int
+    num_batches: int | None  # None: endless (read with steps_per_epoch, in index order)
     shuffle: bool
     rows: int | None = None
 
@@ -106,8 +107,12 @@ class IndexedInput:
         return as_tuple(standardize(self.py_dataset[0]))
 
     def batches(self, epoch: int, seed: int, first: int, count: int) -> list[tuple[Any, ...]]:
-        order = np.random.default_rng([seed, epoch]).permutation(self.num_batches) if self.shuffle \
-            else np.arange(self.num_batches)
+        if self.num_batches is None:
+            order = np.arange(first + count)
+        elif self.shuffle:
+            order = np.random.default_rng([seed, epoch]).permutation(self.num_batches)
+        else:
+            order = np.arange(self.num_batches)
         return [as_tuple(standardize(self.py_dataset[int(b)])) for b in order[first:first + count]]
 
 
@@ -122,7 +127,8 @@ class StreamInput:
     source: Any
     batch_size: int | None
     shuffle: bool
-    num_batches: int = 0
+    endless_ok: bool = False  # with steps_per_epoch: an endless stream is read on and on
+    num_batches: int | None = 0
     rows: int | None = None
     _stream: Iterator[Any] | None = field(default=None, repr=False)
     _key: tuple[int, int] | None = field(default=None, repr=False)
@@ -138,14 +144,16 @@ class StreamInput:
         return kd_data.pipeline(self.source, 0, 1, batch_size=self.batch_size, shuffle=self.shuffle, seed=seed,
                                 repeat=False, epoch=epoch)
 
-    def _count_batches(self) -> int:
+    def _count_batches(self) -> int | None:
         import tensorflow as tf
 
         known = int(self.epoch(0, 0).cardinality())
         if known == tf.data.INFINITE_CARDINALITY:
-            raise TrainerError("the training data has no end (an infinite dataset: .repeat()). HINT: drop the "
-                               ".repeat(): every epoch is the whole data, exactly once, in the parameter-server "
-                               "layouts on JAX (steps_per_epoch is not supported there yet).")
+            if self.endless_ok:
+                return None
+            raise TrainerError("the training data has no end (an infinite dataset: .repeat()) and steps_per_epoch is "
+                               "not given. HINT: pass steps_per_epoch=..., or drop the .repeat() (every epoch is then "
+                               "the whole data, exactly once).")
         if known >= 0:
             return known
         logger.info("the data has unknown size: counting its batches in one pass first "
@@ -164,8 +172,42 @@ class StreamInput:
         return [as_tuple(next(self._stream)) for _ in range(count)]
 
 
-def epoch_input(source: Any, batch_size: int | None, shuffle: bool) -> EpochInput:
-    """The reader for a `keras_distrib.data` source (see the module docstring)."""
+@dataclass
+class RepeatedInput:
+    """An input repeated, ``num_batches`` (``steps_per_epoch``) batches an epoch: epoch ``e`` is
+    batches ``e * num_batches ...`` of the repeated data, whose pass ``p`` is epoch ``p`` of
+    ``inner`` in its own order (an endless ``inner``: one pass, read on)."""
+
+    inner: EpochInput
+    num_batches: int
+    rows: int | None = None
+
+    def sample(self) -> tuple[Any, ...]:
+        return self.inner.sample()
+
+    def batches(self, epoch: int, seed: int, first: int, count: int) -> list[tuple[Any, ...]]:
+        at, per_pass, out = epoch * self.num_batches + first, self.inner.num_batches, []
+        while count:
+            data_pass, batch = divmod(at, per_pass) if per_pass else (0, at)
+            take = min(count, per_pass - batch) if per_pass else count
+            out += self.inner.batches(data_pass, seed, batch, take)
+            at, count = at + take, count - take
+        return out
+
+
+def epoch_input(source: Any, batch_size: int | None, shuffle: bool, steps_per_epoch: int | None = None) -> EpochInput:
+    """The reader for a `keras_distrib.data` source (see the module docstring); ``steps_per_epoch``:
+    epochs of that many batches of the data repeated."""
+    inner = _reader(source, batch_size, shuffle, endless_ok=steps_per_epoch is not None)
+    if steps_per_epoch is None:
+        return inner
+    if int(steps_per_epoch) < 1:
+        raise TrainerError(f"steps_per_epoch={steps_per_epoch!r}. HINT: pass a whole number >= 1, or leave it out "
+                           "(every epoch is then the whole data, exactly once).")
+    return RepeatedInput(inner, int(steps_per_epoch))
+
+
+def _reader(source: Any, batch_size: int | None, shuffle: bool, endless_ok: bool) -> EpochInput:
     arrays = source.rows_in_memory()
     if arrays is not None:
         import jax
@@ -173,8 +215,9 @@ def epoch_input(source: Any, batch_size: int | None, shuffle: bool) -> EpochInpu
         arrays = jax.tree_util.tree_map(np.asarray, as_tuple(arrays))  # tf.Tensors too: gathered by numpy
         return ArrayInput(arrays, int(source.num_examples), int(batch_size or 32), shuffle)
     if isinstance(source, PyDatasetSource):
-        if source.num_examples is None:
-            raise TrainerError("the PyDataset has no end (num_batches None). HINT: give it __len__: every epoch is "
-                               "the whole data, exactly once, in the parameter-server layouts on JAX.")
+        if source.num_examples is None and not endless_ok:
+            raise TrainerError("the PyDataset has no end (num_batches None) and steps_per_epoch is not given. HINT: "
+                               "pass steps_per_epoch=..., or give it __len__ (every epoch is then the whole data, "
+                               "exactly once).")
         return IndexedInput(source.py_dataset, source.num_examples, shuffle)
-    return StreamInput(source, None if source.batched else int(batch_size or 32), shuffle)
+    return StreamInput(source, None if source.batched else int(batch_size or 32), shuffle, endless_ok)

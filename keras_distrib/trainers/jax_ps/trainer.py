@@ -118,19 +118,22 @@ class AsyncJaxTrainer:
             verbose: Any = "auto", callbacks: Sequence[Any] | None = None, validation_split: float = 0.0,
             validation_data: Any = None, shuffle: bool = True, class_weight: dict[int, float] | None = None,
             sample_weight: Any = None, initial_epoch: int = 0, seed: int | None = 0,
-            checkpoint_dir: str | None = None, validation_batch_size: int | None = None,
+            checkpoint_dir: str | None = None, steps_per_epoch: int | None = None,
+            validation_steps: int | None = None, validation_batch_size: int | None = None,
             validation_freq: int = 1, **unsupported: Any) -> Any:
         """Train like ``model.fit`` (see `keras_distrib.trainers.fit`); the chief returns the History."""
         refuse_unsupported(unsupported)
         source, val_source = fit_sources(x, y, sample_weight, class_weight, validation_split, validation_data)
-        data = epoch_input(source, batch_size, shuffle)
+        data = epoch_input(source, batch_size, shuffle, steps_per_epoch)
         self._connect_model(data)
         run = Run(self, data, seed)
         if not self.is_chief:
             return run.work()
         if validation_data is None and val_source is not None:
             validation_data = val_source.rows_in_memory()  # validation_split's arrays
-        validation = None if validation_data is None else (validation_data, validation_batch_size or batch_size)
+        validation = None if validation_data is None else Validation(validation_data,
+                                                                     validation_batch_size or batch_size,
+                                                                     validation_steps)
         return run.lead(epochs, initial_epoch, verbose, callbacks, validation, validation_freq, checkpoint_dir)
 
     def evaluate(self, x: Any = None, y: Any = None, **kwargs: Any) -> Any:
@@ -153,8 +156,8 @@ def refuse_unsupported(options: dict[str, Any]) -> None:
     if given:
         raise TrainerError(
             f"fit({', '.join(f'{k}={v!r}' for k, v in given.items())}) is not supported by the parameter-server "
-            "layouts on JAX yet. HINT: drop it (every epoch is the whole data, exactly once), or use "
-            "KERAS_BACKEND=tensorflow for the full set (docs/training.md).")
+            "layouts on JAX. HINT: drop it, or use KERAS_BACKEND=tensorflow for the TensorFlow trainer's "
+            "options (docs/training.md, Parameter servers on JAX).")
 
 
 class Run:
@@ -206,7 +209,7 @@ class Run:
     # -- the chief ------------------------------------------------------------------
 
     def lead(self, epochs: int, initial_epoch: int, verbose: Any, callbacks: Sequence[Any] | None,
-             validation: tuple[Any, int] | None, validation_freq: int, checkpoint_dir: str | None) -> Any:
+             validation: "Validation | None", validation_freq: int, checkpoint_dir: str | None) -> Any:
         """Hand out every epoch, fold the reports, run the callbacks and keep the checkpoint."""
         model, callbacks = self.trainer.model, cb_utils.with_history(callbacks)
         keeper = Keeper(checkpoint_dir, model, callbacks)
@@ -232,7 +235,7 @@ class Run:
                 if (signum := preemption_requested()) is not None:
                     self.stop_preempted(keeper, epoch, signum)
                 if validation is not None and (epoch + 1) % max(1, validation_freq) == 0:
-                    logs.update(validate(model, *validation))
+                    logs.update(validation.run(model))
                 cbs.on_epoch_end(epoch, logs)
                 progress.training_ended(epoch + 1 >= epochs or model.stop_training)  # before the checkpoint is noted
                 keeper.save(epoch, steps=(epoch + 1) * self.num_batches)
@@ -305,15 +308,22 @@ def verbose_level(verbose: Any) -> int:
     return 2 if verbose == "auto" else int(verbose)
 
 
-def validate(model: Any, validation_data: Any, batch_size: int) -> dict[str, float]:
-    """Keras' ``evaluate`` on the chief, on the epoch's final weights: the ``val_`` logs."""
-    if isinstance(validation_data, tuple):
-        x, y, *rest = validation_data
-        result = model.evaluate(x, y, sample_weight=rest[0] if rest else None, batch_size=batch_size, verbose=0,
-                                return_dict=True)
-    else:
-        result = model.evaluate(validation_data, batch_size=batch_size, verbose=0, return_dict=True)
-    return {f"val_{k}": float(v) for k, v in result.items()}
+@dataclass(frozen=True)
+class Validation:
+    """fit's validation: Keras' ``evaluate`` on the chief, on the epoch's final weights (the ``val_`` logs)."""
+
+    data: Any
+    batch_size: int | None
+    steps: int | None
+
+    def run(self, model: Any) -> dict[str, float]:
+        options = {"batch_size": self.batch_size, "steps": self.steps, "verbose": 0, "return_dict": True}
+        if isinstance(self.data, tuple):
+            x, y, *rest = self.data
+            result = model.evaluate(x, y, sample_weight=rest[0] if rest else None, **options)
+        else:
+            result = model.evaluate(self.data, **options)
+        return {f"val_{k}": float(v) for k, v in result.items()}
 
 
 class Keeper:
