@@ -7,11 +7,13 @@ Local mode, ``--nodes 2 --layout ps-per-node``: 2 ps, 2 workers and the chief. P
 (bench/_train_jobs.py), each round launches every side afresh, in a rotated order:
 A = the job SCRIPT under ``KERAS_BACKEND=jax`` (`keras_distrib.fit`, the JAX ps trainer),
 B = the same SCRIPT and command under ``KERAS_BACKEND=tensorflow`` (the TensorFlow ps trainer),
-C = one JAX process, plain Keras ``model.fit`` (compiled as is: steps_per_execution=1).
+C = one JAX process, plain Keras ``model.fit`` (compiled as is: steps_per_execution=1),
+D = the same in one TensorFlow process.
 Every side trains ``--epochs`` exact epochs of the same synthetic arrays (`EXAMPLES` rows,
 ``--batch`` examples per optimizer update); steps/s = the median over epochs 2.. of the chief's
-``epoch_stats`` (A, B) or of an epoch-timing callback (C). A/B is the goal (>= 1.0); A/C is
-what distribution costs on this machine (reported).
+``epoch_stats`` (A, B) or of an epoch-timing callback (C, D). A/B is the goal (>= 1.0); A/C is
+what distribution costs on this machine (reported); C/D is how fast the two backends' own kernels
+run the model on this machine, a bound A/B cannot beat by much (reported).
 
 Accuracy (always, except in a ``--smoke`` run without ``--accuracy``): the digits data
 (scikit-learn; the CNN gets each 8x8 image scaled 3x and padded to 28x28), the same split as
@@ -47,7 +49,7 @@ EXAMPLES = {"mlp": 38_400, "cnn": 9_600}
 DEFAULT_EXAMPLES = 9_600
 ACCURACY_EPOCHS = 15
 RESULT_PREFIX = "JAX_PS_BENCH "
-SIDES = ("jax_ps", "tf_ps", "single")
+SIDES = ("jax_ps", "tf_ps", "single", "single_tf")
 TIMEOUT = 1200.0
 
 # Runs as the chief and (JAX) every worker of the job, or alone (side "single"). The chief, or
@@ -61,7 +63,7 @@ SCRIPT = textwrap.dedent(
     sys.path.insert(0, os.environ["BENCH_DIR"])
     import keras_distrib
     import keras_distrib.trainers
-    distributed = side != "single"
+    distributed = not side.startswith("single")
     strategy = keras_distrib.strategy() if distributed else None
     import keras
     import numpy as np
@@ -127,9 +129,9 @@ def command(workdir: Path, side: str) -> tuple[list[str], dict[str, str]]:
     script = workdir / "jax_ps_job.py"
     if not script.exists():
         script.write_text(SCRIPT)
-    env = child_env(KERAS_BACKEND="tensorflow" if side == "tf_ps" else "jax", JAX_PLATFORMS="cpu",
+    env = child_env(KERAS_BACKEND="tensorflow" if side in ("tf_ps", "single_tf") else "jax", JAX_PLATFORMS="cpu",
                     CUDA_VISIBLE_DEVICES="", BENCH_DIR=str(HERE), BENCH_PREFIX=RESULT_PREFIX)
-    if side == "single":
+    if side.startswith("single"):
         return [sys.executable, str(script)], env
     return [sys.executable, "-m", "keras_distrib.local", "--nodes", "2", "--layout", "ps-per-node",
             "--port-base", str(free_port_base(8)), "--startup-timeout", "600", str(script)], env
@@ -196,7 +198,9 @@ def throughput(args: Any, workdir: Path, model: str, name: str) -> tuple[list[Co
                        rates["jax_ps"], rates["tf_ps"], target=">= 1.0")
     vs_single = Comparison(f"JAX ps vs one JAX process (distribution cost) {where}", "JAX ps", "one JAX process",
                            "steps/s", list(rates["jax_ps"]), rates["single"], target="(report)")
-    return [vs_tf, vs_single], rates
+    kernels = Comparison(f"one JAX process vs one TF process (the backends' own kernels) {name}", "one JAX process",
+                         "one TF process", "steps/s", list(rates["single"]), rates["single_tf"], target="(report)")
+    return [vs_tf, vs_single, kernels], rates
 
 
 def accuracy(args: Any, workdir: Path, model: str, name: str) -> tuple[Comparison, list[float]]:
