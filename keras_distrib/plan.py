@@ -145,6 +145,11 @@ class Plan:
         a SCRIPT that fails every time)."""
         return self.backend == "jax" and proc.job == WORKER
 
+    def ends_script(self, proc: Process) -> bool:
+        """Whether ``proc``'s SCRIPT ending ends the job's SCRIPT: the chief of a ps layout (on
+        JAX its workers run SCRIPT only to serve the chief's fits; they are stopped with the job)."""
+        return proc.job == CHIEF and not self.every_process_runs_script
+
     def runs_script(self, proc: Process) -> bool:
         """Whether ``proc`` (one of this plan's) runs the user's script: O(1), not a scan."""
         return proc.job == CHIEF or self.every_process_runs_script or (self.backend == "jax" and proc.job == WORKER)

@@ -378,7 +378,7 @@ class Agent(MembershipPolicy):
                 self.log.info(f"{child.label} finished with {describe_exit(code)}")
             elif self.identity.leader:
                 self._warn_if_unported(child)
-            if not self.processes.script_running():
+            if not self.processes.script_running() or self.plan.ends_script(child.proc):
                 self._script_done(shell_exit_code(code))
             return
         blamed = self.hangs.blame(child) if child.runs_script and not self.status.interrupted else None

@@ -138,9 +138,10 @@ class Harness:
 NODES = ("n1", "n2", "n3")
 
 
-def harness(layout: str = "ps-per-node", agent_id: int = 0, requeue_code: int = 0, **options: Any) -> Harness:
+def harness(layout: str = "ps-per-node", agent_id: int = 0, requeue_code: int = 0, backend: str = "tensorflow",
+            **options: Any) -> Harness:
     job = JobInfo("slurm", "5", NODES, (1, 1, 1), node_index=agent_id)
-    plan = build_plan(job, layout)
+    plan = build_plan(job, layout, backend=backend)
     identity = Identity(agent_id, len(NODES), NODES[agent_id], dict(enumerate(NODES)))
     processes, channel, timers, requeued = FakeProcesses(), FakeChannel(), FakeTimers(), []
 
@@ -389,6 +390,17 @@ def test_ps_job_ends_when_the_chief_ends() -> None:
     assert h.agent.result.reason is None and h.channel.to_all_sent == [Stop(0)]
     h.agent.handle(PeerGone(1))  # after the end, nothing changes
     assert h.agent.result.code == 0
+
+
+@pytest.mark.parametrize("code", [0, PREEMPTED_EXIT_CODE])
+def test_a_jax_ps_job_ends_when_the_chief_ends_though_its_worker_still_runs_script(code: int) -> None:
+    """On JAX the ps layouts' workers run SCRIPT only to serve the chief's fits: one still in it
+    (restarted after its fit, waiting for parts that never come) must not hold the job."""
+    h = harness(backend="jax")
+    assert h.processes.named("worker:0").runs_script and h.processes.named("worker:0").alive
+    h.exit("chief:0", code)
+    assert h.state is State.STOPPED and h.agent.result is not None
+    assert h.channel.to_all_sent == [Stop(0)] if code == 0 else h.requeued == [False]
 
 
 def test_allreduce_job_ends_when_every_agent_is_done() -> None:

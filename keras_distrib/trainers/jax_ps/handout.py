@@ -8,6 +8,7 @@ every other client's ops on that task (measured), so nothing here ever waits on 
   takes more parts than a slow one (the dynamic hand-out); ``epoch == STOP`` ends its fit
   (its ``first``: the signal of a preemption, which ends the worker's SCRIPT too).
   The queue outlives a worker's restart: only the parts it had taken are lost.
+* ``history<w>``: the chief's History at the fit's end, for worker w's ``fit`` to return.
 * ``reports``: each worker says `HELLO` when it starts, `STARTED` when it takes a part and
   `DONE` after the part's deltas are on the ps, with its examples and metric states. Only the
   chief reads it.
@@ -118,6 +119,17 @@ class Queues:
         prefix = f"keras_distrib/m{model_number}"
         self.parts = [SharedQueue(f"{prefix}/parts{w}", "int64", 5) for w in range(workers)]
         self.reports = SharedQueue(f"{prefix}/reports", "float64", len(HEADER) + report_size)
+        self.histories = [SharedQueue(f"{prefix}/history{w}", "string", 1) for w in range(workers)]
+
+    def send_history(self, history: str) -> None:
+        """The chief's: the fit's History (JSON) to every worker, before their stops."""
+        for queue in self.histories:
+            queue.put(np.array([[history.encode()]], dtype=object))
+
+    def take_history(self, worker: int) -> str | None:
+        """A worker's, after its stop: the History the chief sent (None: none came)."""
+        queue = self.histories[worker]
+        return queue.take(1)[0][0].decode() if queue.size() else None
 
     # -- the chief ----------------------------------------------------------------
 

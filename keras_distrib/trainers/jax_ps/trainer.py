@@ -177,8 +177,6 @@ class Run:
 
     def work(self) -> Any:
         """Take parts until the chief says stop; push each part's deltas, then report it."""
-        import keras
-
         info = self.trainer.strategy.info
         self.store.wait_initialized(contract.startup_timeout(os.environ), f"{info.job}:{info.index}")
         steps = LocalSteps(self.trainer.model)
@@ -202,8 +200,19 @@ class Run:
         if part.first:  # the chief saved a checkpoint on a preemption signal: the job stops to be requeued
             logger.info("%s:%d stops: the job was preempted (%s)", info.job, me, signal.Signals(part.first).name)
             raise Preempted(part.first)
+        return self.chiefs_history(me)
+
+    def chiefs_history(self, me: int) -> Any:
+        """The History the chief's fit returned, so SCRIPT reads the same one on every process."""
+        import keras
+
         history = keras.callbacks.History()
         history.set_model(self.trainer.model)
+        sent = self.queues.take_history(me)
+        if sent is not None:
+            saved = json.loads(sent)
+            history.history, history.epoch, history.params = saved["history"], saved["epoch"], saved["params"]
+        self.trainer.model.history = history
         return history
 
     # -- the chief ------------------------------------------------------------------
@@ -244,9 +253,12 @@ class Run:
         if start >= epochs:
             logger.info("every one of the %d epochs was done (checkpoint in %s): nothing to train", epochs,
                         checkpoint_dir)
+        history = model.history
+        self.queues.send_history(json.dumps({"history": history.history, "epoch": history.epoch,
+                                             "params": history.params}, default=float))
         self.queues.stop_workers(self.run_id, STOP_WAIT)
         cbs.on_train_end(logs)
-        return model.history
+        return history
 
     def stop_preempted(self, keeper: "Keeper", epoch: int, signum: int) -> None:
         """Save where the epoch is (its parts folded so far), stop every worker, exit to be requeued."""
