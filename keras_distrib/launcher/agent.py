@@ -57,6 +57,7 @@ from .membership import Membership, MembershipPolicy
 from .messages import (
     ChildExited, Died, Done, Event, Failed, FailureDue, FromPeer, Hung, JoinDue, OrphanStopDeadline, PeerGone, PeerJoined,
     PeerSilent, RejoinFailed, Rejoined, Restart, ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop, Stuck,
+    WorkersEndDeadline,
 )
 from .mechanism import Processes, SchedulerCalls, ThreadTimers, Timers
 from .restarts import RestartCount, restart_line, restart_targets
@@ -72,6 +73,8 @@ ORPHAN_STOP_WAIT = 30.0
 # How long SCRIPT may take to end after a forwarded SIGTERM/SIGINT (it saves a checkpoint
 # at its next step boundary) before the agent stops it: a hung SCRIPT never reaches one.
 SCRIPT_STOP_WAIT = 120.0
+#: Seconds the JAX workers of a ps layout get to end SCRIPT by themselves after the chief's ended.
+WORKERS_END_WAIT = 30.0
 
 
 
@@ -324,6 +327,10 @@ class Agent(MembershipPolicy):
                 self._stop(shell_exit_code(-self.status.interrupted))
             case Hung(child, seconds, state, stacks):
                 self._on_hung(child, f"made no progress for {seconds:.0f} s (state: {state}); its Python stacks: {stacks}")
+            case WorkersEndDeadline() if self.status.chief_code is not None and self.processes.script_running():
+                self.log.info(f"the chief's SCRIPT ended {WORKERS_END_WAIT:.0f} s ago and workers here still run it; "
+                              "stopping them.")
+                self._script_done(self.status.chief_code)
             case OrphanStopDeadline():
                 self.log.info(f"no stop order from the first node within {ORPHAN_STOP_WAIT:.0f} s of the signal; stopping.")
                 self._stop(shell_exit_code(-self.status.interrupted) if self.status.interrupted else 1)
@@ -378,8 +385,16 @@ class Agent(MembershipPolicy):
                 self.log.info(f"{child.label} finished with {describe_exit(code)}")
             elif self.identity.leader:
                 self._warn_if_unported(child)
-            if not self.processes.script_running() or self.plan.ends_script(child.proc):
-                self._script_done(shell_exit_code(code))
+            if self.plan.ends_script(child.proc):
+                self.status.chief_code = shell_exit_code(code)
+                if self.processes.script_running() and code in (0, PREEMPTED_EXIT_CODE):  # JAX workers: let them end first
+                    self.timers.after(WORKERS_END_WAIT, WorkersEndDeadline())
+                else:
+                    self._script_done(self.status.chief_code)
+                return
+            if not self.processes.script_running():
+                self._script_done(self.status.chief_code if self.status.chief_code is not None
+                                  else shell_exit_code(code))
             return
         blamed = self.hangs.blame(child) if child.runs_script and not self.status.interrupted else None
         if blamed is not None:  # a peer stopped and this one failed because of it: a fault, not SCRIPT's error

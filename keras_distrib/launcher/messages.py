@@ -295,6 +295,11 @@ class ScriptStopDeadline:
 
 
 @dataclass(frozen=True)
+class WorkersEndDeadline:
+    """The chief's SCRIPT ended WORKERS_END_WAIT seconds ago and workers of a JAX ps layout still run it."""
+
+
+@dataclass(frozen=True)
 class Hung:
     """The hang watchdog found this node's ``child`` stuck; its stacks are kept (``stacks``: where)."""
 

@@ -55,4 +55,5 @@ class RunStatus:
     state: State = State.FORMING
     result: RunResult | None = None
     interrupted: int | None = None  # the SIGINT/SIGTERM being drained
+    chief_code: int | None = None  # the chief's SCRIPT ended with it (ps layouts): the job's code
     done_agents: set[int] = field(default_factory=set)  # agent 0: agents whose SCRIPTs all ended well

@@ -14,28 +14,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from id_metrics import Count, IdSum
+
 import keras_distrib
 from keras_distrib.trainers import build
 
 strategy = keras_distrib.strategy()
 workdir, rows, kinds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-
-
-class Count(keras.metrics.Metric):
-    def __init__(self, name: str = "count", **kw):
-        super().__init__(name=name, **kw)
-        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign(self.total + keras.ops.cast(keras.ops.shape(y_true)[0], self.total.dtype))
-
-    def result(self):
-        return self.total + 0.0
-
-
-class IdSum(Count):
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign(self.total + keras.ops.sum(keras.ops.cast(y_true, self.total.dtype)))
 
 
 def make_model():

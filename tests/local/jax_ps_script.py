@@ -15,29 +15,14 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from id_metrics import Count, IdSum
+
 import keras_distrib
 import keras_distrib.strategies
 from keras_distrib.trainers import build
 
 strategy = keras_distrib.strategy()
 workdir, epochs, rows = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-
-
-class Count(keras.metrics.Metric):
-    def __init__(self, name: str = "count", **kw):
-        super().__init__(name=name, **kw)
-        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign(self.total + keras.ops.cast(keras.ops.shape(y_true)[0], self.total.dtype))
-
-    def result(self):
-        return self.total + 0.0
-
-
-class IdSum(Count):
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.total.assign(self.total + keras.ops.sum(keras.ops.cast(y_true, self.total.dtype)))
 
 
 class Marks(keras.callbacks.Callback):

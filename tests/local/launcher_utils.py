@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 NOISE = re.compile(r"^\[[^\]]+\] ([IWE]\d{4} |WARNING: All log messages)")
@@ -147,6 +148,15 @@ class Job:
     def kill(self, task: str, timeout: float = 300) -> None:
         assert wait_for(lambda: len(self.pids(task)) == 1, timeout), f"{task} never ran\n{self.text()[-3000:]}"
         subprocess.run(["kill", "-9", str(self.pids(task)[0])], check=True)
+
+    def wait_after(self, act: Callable[[], None], timeout: float = 600) -> int:
+        """Do ``act`` (faults at their moments), then wait for the end; the job is killed if ``act`` fails."""
+        try:
+            act()
+            return self.wait(timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
 
     def wait(self, timeout: float = 600) -> int:
         try:

@@ -66,7 +66,13 @@ def test_the_tensorflow_ps_script_runs_unchanged_on_jax_exactly_and_resumes(tmp_
     assert_exact(result["history"], epochs)
     assert all(f"epoch {e}/{epochs}" in job.text() for e in range(1, epochs + 1)), job.text()[-3000:]
     alone = single_process(tmp_path / "alone", epochs)
-    assert result["history"]["val_label_accuracy"][-1] >= alone["val_label_accuracy"][-1] - 0.02, (result, alone)
+    # The last two epochs' mean on each side: one epoch's value on 400 examples moves by points
+    # from run to run when the asynchronous updates interleave differently (a loaded machine).
+    def settled(history: dict) -> float:
+        return sum(history["val_label_accuracy"][-2:]) / 2
+
+    assert settled(result["history"]) >= settled(alone) - 0.02, (result["history"]["val_label_accuracy"],
+                                                                 alone["val_label_accuracy"])
 
     check = ("import json, sys, keras, numpy as np\n"
              "m = keras.models.load_model(sys.argv[1], compile=False)\n"
@@ -95,20 +101,20 @@ def test_a_killed_worker_then_a_preemption_then_a_resume_keep_every_epoch_exact(
     args = ["--nodes", "3", "--layout", "ps-per-node", "--startup-timeout", "600", str(SCRIPT), str(tmp_path),
             str(epochs), str(rows)]
     job = Job(args, tmp_path, KERAS_BACKEND="jax")
-    try:
+
+    def kill_then_preempt() -> None:
         assert wait_for(lambda: (tmp_path / "started-1").exists(), 600), job.text()[-3000:]
         time.sleep(random.Random(SEED).uniform(0, 0.5))
         job.kill("worker:1")
         assert wait_for(lambda: (tmp_path / "started-2").exists(), 600), job.text()[-3000:]
         time.sleep(random.Random(SEED).uniform(0.2, 0.6))
         job.proc.send_signal(signal.SIGUSR1)
-        code = job.wait()
-    finally:
-        if job.proc.poll() is None:
-            job.proc.kill()
+
+    code = job.wait_after(kill_then_preempt)
     agent = "\n".join(line for line in job.lines if " agent] " in line)
     assert code == 75, f"seed {SEED}\n{agent}\n{job.text()[-4000:]}"
-    assert job.count("worker:1 on local1 exited with signal 9 (SIGKILL); restarting it (1/3)") >= 1, agent
+    # (n/3): a ps task's rare start-up crash may have taken a restart first (PS_START_CRASH).
+    assert re.search(r"worker:1 on local1 exited with signal 9 \(SIGKILL\); restarting it \([12]/3\)", agent), agent
     saved = [line for line in job.lines if "got SIGUSR1: saved a checkpoint in" in line]
     assert len(saved) == 1, job.text()[-3000:]
     assert all(job.count(f"worker:{w} on local{w} finished with exit code 75") == 1 for w in range(3)), agent
@@ -160,28 +166,42 @@ def test_every_input_kind_trains_each_example_once_per_epoch_with_three_workers(
     assert not alive(job.seen)
 
 
+#: A ps task's rare crash in TensorFlow while the clients start (docs/training.md); the job recovers
+#: by restarting every process, but with --max-restarts 0 it loses a node before the fault under test.
+PS_START_CRASH = re.compile(r"ps:\d on local\d exited with signal 11 \(SIGSEGV\)")
+
+
 def test_a_frozen_worker_is_named_and_its_lost_node_continues_on_the_survivors_exactly(tmp_path: Path) -> None:
     """3 nodes, --min-nodes 2, no restarts: worker 2 frozen (SIGSTOP) in the third epoch is named by
     the watchdog; with the restart budget spent, local2 is lost and the job re-forms on local0 and
-    local1 from the epoch checkpoint (named in the line); every epoch counts each example once."""
+    local1 from the epoch checkpoint (named in the line); every epoch counts each example once.
+    A run that meets the ps start-up crash first is started once more (it says so)."""
     epochs, rows = 4, 12_003
-    job = HungJob(["--nodes", "3", "--min-nodes", "2", "--max-restarts", "0", "--hang-timeout", str(HANG_TIMEOUT),
-                   "--layout", "ps-per-node", "--startup-timeout", "600", str(SCRIPT), str(tmp_path), str(epochs),
-                   str(rows)], tmp_path, KERAS_BACKEND="jax")
-    try:
-        assert wait_for(lambda: (tmp_path / "started-2").exists(), 600), job.text()[-3000:]
-        time.sleep(random.Random(SEED).uniform(0, 0.5))
-        job.stop("worker:2")
-        code = job.wait()
-    finally:
-        if job.proc.poll() is None:
-            job.proc.kill()
+    for attempt in range(2):
+        workdir = tmp_path / f"run{attempt}"
+        workdir.mkdir()
+        job = HungJob(["--nodes", "3", "--min-nodes", "2", "--max-restarts", "0", "--hang-timeout",
+                       str(HANG_TIMEOUT), "--layout", "ps-per-node", "--startup-timeout", "600", str(SCRIPT),
+                       str(workdir), str(epochs), str(rows)], workdir, KERAS_BACKEND="jax")
+
+        def freeze() -> None:
+            assert wait_for(lambda: (workdir / "started-2").exists() or PS_START_CRASH.search(job.text()), 600), \
+                job.text()[-3000:]
+            if PS_START_CRASH.search(job.text()):
+                return
+            time.sleep(random.Random(SEED).uniform(0, 0.5))
+            job.stop("worker:2")
+
+        code = job.wait_after(freeze)
+        if not PS_START_CRASH.search(job.text()):
+            break
+        print(f"run {attempt}: a ps task crashed at start-up, before the freeze; starting again")
     assert code == 0, f"seed {SEED}\n{job.text()[-4000:]}"
     lost = [line for line in job.lines if "; continuing on " in line]
     assert len(lost) == 1, job.text()[-3000:]
     found = re.search(r"lost local2; continuing on 2 nodes \(local0, local1\) from the checkpoint at epoch (\d), "
                       rf"step (\d+) \(worker:2 on local2 made no progress for {HANG_TIMEOUT} s", lost[0])
     assert found and int(found.group(2)) == int(found.group(1)) * 376 and int(found.group(1)) >= 2, lost
-    assert job.count(f"resuming from {tmp_path}/ckpt/jax-ps: epoch {found.group(1)} done") == 1, job.text()[-3000:]
+    assert job.count(f"resuming from {workdir}/ckpt/jax-ps: epoch {found.group(1)} done") == 1, job.text()[-3000:]
     assert_exact(history_of(job)["history"], epochs, rows)
     assert not alive(job.seen)

@@ -21,7 +21,7 @@ from keras_distrib.launcher.agent import TRANSITIONS, Agent, LaunchSpec, State
 from keras_distrib.launcher.formation import Identity
 from keras_distrib.launcher.messages import (
     ChildExited, Died, Done, Event, Failed, FromPeer, Hello, JobMessage, OrphanStopDeadline, PeerGone, PeerSilent, Restart,
-    ScriptStopDeadline, SignalReceived, Start, StartupChecked, Stop,
+    ScriptStopDeadline, WorkersEndDeadline, SignalReceived, Start, StartupChecked, Stop,
 )
 from keras_distrib.launcher.options import Options
 from keras_distrib.launcher.workers import Launch
@@ -395,12 +395,31 @@ def test_ps_job_ends_when_the_chief_ends() -> None:
 @pytest.mark.parametrize("code", [0, PREEMPTED_EXIT_CODE])
 def test_a_jax_ps_job_ends_when_the_chief_ends_though_its_worker_still_runs_script(code: int) -> None:
     """On JAX the ps layouts' workers run SCRIPT only to serve the chief's fits: one still in it
-    (restarted after its fit, waiting for parts that never come) must not hold the job."""
+    (restarted after its fit, waiting for parts that never come) must not hold the job past a wait."""
     h = harness(backend="jax")
     assert h.processes.named("worker:0").runs_script and h.processes.named("worker:0").alive
     h.exit("chief:0", code)
+    assert h.state is State.RUNNING and [type(e) for _, e in h.timers.pending] == [WorkersEndDeadline]
+    h.agent.handle(h.timers.pending[0][1])
     assert h.state is State.STOPPED and h.agent.result is not None
     assert h.channel.to_all_sent == [Stop(0)] if code == 0 else h.requeued == [False]
+
+
+@pytest.mark.parametrize("code", [0, PREEMPTED_EXIT_CODE])
+def test_a_jax_ps_job_ends_with_the_chiefs_code_when_its_workers_end_by_themselves(code: int) -> None:
+    h = harness(backend="jax")
+    h.exit("chief:0", code)
+    h.exit("worker:0", 0)  # a worker's own code does not decide the job's
+    assert h.state is State.STOPPED and h.agent.result is not None
+    assert h.channel.to_all_sent == [Stop(0)] if code == 0 else h.requeued == [False]
+    h.agent.handle(h.timers.pending[0][1])  # the wait's end after the stop: no news
+    assert h.state is State.STOPPED
+
+
+def test_a_jax_ps_chief_that_fails_ends_the_job_at_once() -> None:
+    h = harness(backend="jax")
+    h.exit("chief:0", 1)
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 1
 
 
 def test_allreduce_job_ends_when_every_agent_is_done() -> None:
