@@ -130,7 +130,7 @@ def test_elastic_bench_reads_the_membership_phases() -> None:
 
 def test_jax_ps_throughput_smoke_with_accuracy(tmp_path: Path) -> None:
     """bench/jax_ps_throughput.py's --smoke run with its accuracy rows (test_smoke runs it without):
-    the JAX ps job, the TensorFlow ps job and one JAX process each exit 0, and every row, the
+    the JAX ps job, the TensorFlow ps job, one JAX and one TensorFlow process each exit 0, and every row, the
     accuracy too, is saved with positive, finite figures."""
     proc = run_in_session([sys.executable, str(BENCH / "jax_ps_throughput.py"), "--smoke", "--accuracy",
                            "--out", str(tmp_path)], 300, cwd=tmp_path, env=bench_env())
@@ -141,6 +141,7 @@ def test_jax_ps_throughput_smoke_with_accuracy(tmp_path: Path) -> None:
     assert data["benchmark"] == "jax_ps_throughput"
     names = [c["name"] for c in data["comparisons"]]
     assert [n.split(" mlp")[0] for n in names] == ["JAX ps vs TF ps trainer", "JAX ps vs one JAX process (distribution cost)",
+                                                   "one JAX process vs one TF process (the backends' own kernels)",
                                                    "accuracy"], names
     for c in data["comparisons"]:
         assert c["a"] and len(c["a"]) == len(c["b"]), c
