@@ -2,7 +2,7 @@
 epoch as ranges of batches, and every process must find the same batches under the same
 numbers (the same epoch, seed and shuffle on every process).
 
-One interface, `EpochInput`, three readers:
+One interface, `EpochInput`, four readers:
 
 * `ArrayInput`: in-memory arrays; a part's rows are gathered by index (no pipeline).
 * `IndexedInput`: a ``keras.utils.PyDataset``; batch ``b`` is ``py_dataset[order[b]]``.
@@ -15,6 +15,7 @@ One interface, `EpochInput`, three readers:
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Protocol
@@ -57,6 +58,13 @@ def as_tuple(batch: Any) -> tuple[Any, ...]:
     return tuple(batch) if isinstance(batch, tuple) else (batch,)
 
 
+@functools.lru_cache(maxsize=2)
+def epoch_order(count: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order of ``count`` rows or batches in ``epoch``: drawn from ``(seed, epoch)`` when
+    ``shuffle``, the same on every process (cached: every part of the epoch reads it)."""
+    return np.random.default_rng([seed, epoch]).permutation(count) if shuffle else np.arange(count)
+
+
 @dataclass
 class ArrayInput:
     """In-memory arrays: the epoch's order of rows is drawn from ``(seed, epoch)``."""
@@ -65,7 +73,6 @@ class ArrayInput:
     rows: int
     batch_size: int
     shuffle: bool
-    _orders: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def num_batches(self) -> int:
@@ -74,17 +81,9 @@ class ArrayInput:
     def sample(self) -> tuple[Any, ...]:
         return self._gather(np.arange(min(self.rows, 2)))
 
-    def order(self, epoch: int, seed: int) -> np.ndarray:
-        """The epoch's order of rows (cached for the epoch being read)."""
-        key = (epoch, seed)
-        if key not in self._orders:
-            self._orders.clear()
-            rng = np.random.default_rng([seed, epoch])
-            self._orders[key] = rng.permutation(self.rows) if self.shuffle else np.arange(self.rows)
-        return self._orders[key]
-
     def batches(self, epoch: int, seed: int, first: int, count: int) -> list[tuple[Any, ...]]:
-        rows = self.order(epoch, seed)[first * self.batch_size:(first + count) * self.batch_size]
+        order = epoch_order(self.rows, seed, epoch, self.shuffle)
+        rows = order[first * self.batch_size:(first + count) * self.batch_size]
         return [self._gather(rows[i:i + self.batch_size]) for i in range(0, len(rows), self.batch_size)]
 
     def _gather(self, rows: np.ndarray) -> tuple[Any, ...]:
@@ -107,12 +106,8 @@ class IndexedInput:
         return as_tuple(standardize(self.py_dataset[0]))
 
     def batches(self, epoch: int, seed: int, first: int, count: int) -> list[tuple[Any, ...]]:
-        if self.num_batches is None:
-            order = np.arange(first + count)
-        elif self.shuffle:
-            order = np.random.default_rng([seed, epoch]).permutation(self.num_batches)
-        else:
-            order = np.arange(self.num_batches)
+        order = np.arange(first + count) if self.num_batches is None else \
+            epoch_order(self.num_batches, seed, epoch, self.shuffle)
         return [as_tuple(standardize(self.py_dataset[int(b)])) for b in order[first:first + count]]
 
 
