@@ -20,6 +20,13 @@ from cluster_parsers import ClusterConfigError, JobInfo
 PORT_RANGE_START = 20000
 PORT_BLOCK = 20          # ports reserved per job and host
 PORT_BLOCKS = 500        # 20000 .. 29999
+# When the job-id block is taken on a node (another job whose id is equal modulo
+# PORT_BLOCKS), agent 0 moves the job to the first of these many other blocks that is
+# free on every node; the stride spreads neighbouring job ids' fallbacks apart.
+FALLBACK_BLOCKS = 7
+# k * FALLBACK_STRIDE modulo PORT_BLOCKS for k = 1..FALLBACK_BLOCKS: distinct, and none
+# within 50 blocks of the job's own (the blocks of the job ids just before and after it).
+FALLBACK_STRIDE = 223
 MIN_PORT, MAX_PORT = 1024, 65535
 
 CHIEF, PS, WORKER = "chief", "ps", "worker"
@@ -72,6 +79,9 @@ class Plan:
     roles: tuple[str, ...] = ()
     #: Where the ports came from (`choose_port_base`), for --plan.
     ports_source: str = field(default="", compare=False)
+    #: The first ports of the other blocks this plan may move to, in order, when its own are
+    #: taken on a node (`fallback_bases`); () when the ports were given (--port-base, reserved).
+    port_fallbacks: tuple[int, ...] = field(default=(), compare=False)
     #: Layout tuner: trial workers per node given by --tuners-per-node (None: one per GPU).
     tuners_per_node: int | None = None
     #: The Keras backend of a parameter-server layout (`PS_BACKENDS`): on tensorflow the workers
@@ -317,6 +327,14 @@ class PortBlock:
     base: int
     size: int | None
     source: str
+    fallbacks: tuple[int, ...] = ()
+
+
+def fallback_bases(base: int) -> tuple[int, ...]:
+    """The other blocks a job-id block ``base`` may move to, in the order agent 0 tries them."""
+    index = (base - PORT_RANGE_START) // PORT_BLOCK
+    return tuple(PORT_RANGE_START + (index + k * FALLBACK_STRIDE) % PORT_BLOCKS * PORT_BLOCK
+                 for k in range(1, FALLBACK_BLOCKS + 1))
 
 
 def choose_port_base(job: JobInfo, override: int | None, needed: int) -> PortBlock:
@@ -330,11 +348,13 @@ def choose_port_base(job: JobInfo, override: int | None, needed: int) -> PortBlo
     if in_a_row >= needed:
         return PortBlock(ports[0], in_a_row, f"{job.reserved_ports_source}, reserved for this step by the scheduler")
     base = derive_port_base(job.job_id)
-    source = f"the block derived from job id {job.job_id} ({base}-{base + PORT_BLOCK - 1})"
+    fallbacks = fallback_bases(base)
+    source = (f"the block derived from job id {job.job_id} ({base}-{base + PORT_BLOCK - 1}; "
+              "taken on a node, the job moves to a fallback block)")
     if ports:
         source += (f"; {job.reserved_ports_source} holds {in_a_row} port(s) in a row, fewer than the {needed} "
                    f"this plan needs on a host (srun --resv-ports={needed} reserves them)")
-    return PortBlock(base, PORT_BLOCK, source)
+    return PortBlock(base, PORT_BLOCK, source, fallbacks)
 
 
 def build_plan(
@@ -390,7 +410,17 @@ def build_plan(
             "the job needs a node in each component; resubmit it (or requeue: --requeue).",
         )
     return Plan(job.scheduler, job.job_id, job.nodes, layout, protocol, tuple(processes), roles, block.source,
-                tuners_per_node, backend)
+                block.fallbacks, tuners_per_node, backend)
+
+
+def moved_plan(plan: Plan, job: JobInfo, base: int) -> Plan:
+    """``plan`` on the block at ``base`` (one of its `Plan.port_fallbacks`): the same processes
+    on the same hosts, each port shifted by the same amount."""
+    hosts = {p.node: p.host for p in plan.processes}
+    moved = build_plan(job, plan.layout, base, plan.protocol, hosts, plan.roles, plan.tuners_per_node, plan.backend)
+    first = plan.processes[0].port
+    return replace(moved, ports_source=f"the block at {base}-{base + PORT_BLOCK - 1}: agent 0 moved the job there, "
+                                       f"its job-id block at {first} being taken on a node")
 
 
 def survivors_plan(plan: Plan, job: JobInfo, nodes: Sequence[str]) -> Plan:

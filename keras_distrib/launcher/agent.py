@@ -37,7 +37,7 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -212,10 +212,14 @@ class Agent(MembershipPolicy):
 
     # -- the event loop ---------------------------------------------------------------
 
-    def run(self) -> RunResult:
-        """Form the job, start this node's processes, handle events until the job ends."""
+    def run(self, free_blocks: Sequence[int] = ()) -> RunResult:
+        """Form the job, start this node's processes, handle events until the job ends.
+
+        ``free_blocks``: the plan's port blocks free for this node's processes
+        (`portblocks.free_blocks`), where the plan may move; () when its ports are fixed.
+        """
         try:
-            channel, plan = (self._join(), None) if self.spec.join else self.form()
+            channel, plan = (self._join(), None) if self.spec.join else self.form(free_blocks)
         except control.ControlError as exc:
             hint = ("--join needs the job running, with the same options as its agents" if self.spec.join else
                     "start one agent per node (srun --ntasks-per-node=1)")
@@ -280,9 +284,9 @@ class Agent(MembershipPolicy):
         logging.getLogger(ROOT_LOGGER).addHandler(handler)
         return handler
 
-    def form(self) -> tuple[Channel, Plan]:
+    def form(self, free_blocks: Sequence[int] = ()) -> tuple[Channel, Plan]:
         """Connect the agents (formation.py): the channel, and the plan all agreed on."""
-        return form_job(self.identity, self.spec.job, self.plan, self.spec.options, self.post, self.log)
+        return form_job(self.identity, self.spec.job, self.plan, self.spec.options, self.post, self.log, free_blocks)
 
     def _watch_startup(self) -> None:
         """Agent 0: report the TF servers that do not listen within the start-up timeout."""
@@ -449,8 +453,8 @@ class Agent(MembershipPolicy):
                     self._stop(0)
                 case Restart(targets):
                     self._restart_here(list(targets))
-                case Start(_, number, nodes) if nodes and number > self.status.generation.number:
-                    self._reform_here(number, tuple(nodes))
+                case Start(_, number, nodes, ports) if nodes and number > self.status.generation.number:
+                    self._reform_here(number, tuple(nodes), ports)
             return
         if isinstance(message, (Died, Done)) and message.generation != self.status.generation.number:
             self.log.debug(f"dropped {message} of generation {message.generation} (now {self.status.generation.number})")

@@ -25,12 +25,12 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .messages import Beat, Hello, Nonce, PeerGone, PeerJoined, PeerSilent, Refused, to_wire
+from .messages import Beat, Elsewhere, Hello, Nonce, PeerGone, PeerJoined, PeerSilent, Refused, to_wire
 
 #: A control message as JSON (messages.py types them; this module moves them).
 Message = dict[str, Any]
@@ -149,18 +149,22 @@ class ControlServer:
         log: Callable[[str], None] = print,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
         valid_agents: Iterable[int] | None = None,
+        job: str = "",
     ) -> None:
+        """``job``: this job's tag (`job_tag`), sent with every greeting."""
         self.expected = expected
+        self.job = job
         self.port = port
         self.secret = secret
         self.log = log
         self.heartbeat_timeout = heartbeat_timeout
         self.valid_agents = set(valid_agents) if valid_agents is not None else set(range(1, expected + 1))
         raise_open_files_limit(expected + 256)
-        self._listener = socket.create_server((bind, port), backlog=BACKLOG)
-        self._listener.setblocking(False)
+        self._bind = bind
+        self._listeners = [socket.create_server((bind, port), backlog=BACKLOG)]
+        self._listeners[0].setblocking(False)
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self._listener, selectors.EVENT_READ)
+        self._selector.register(self._listeners[0], selectors.EVENT_READ)
         self._peers: dict[int, _Connection] = {}
         self._hellos: dict[int, Hello] = {}
         self._changed = threading.Condition()
@@ -187,6 +191,16 @@ class ControlServer:
                     )
                 self._changed.wait(min(remaining, 1.0))
             return dict(self._hellos)
+
+    def also_listen(self, port: int) -> None:
+        """Accept agents on ``port`` too (the control port of the block the job moved to).
+
+        Raises OSError when ``port`` is taken.
+        """
+        listener = socket.create_server((self._bind, port), backlog=BACKLOG)
+        listener.setblocking(False)
+        self._listeners.append(listener)
+        self._selector.register(listener, selectors.EVENT_READ)
 
     def listen(self, on_report: Callable[[PeerReport], None]) -> None:
         """Report each agent's messages, disconnection, silence and return (``PeerReport``)."""
@@ -223,7 +237,8 @@ class ControlServer:
             except OSError:
                 pass
             conn.sock.close()
-        self._listener.close()
+        for listener in self._listeners:
+            listener.close()
         self._selector.close()
 
     # -- the event loop ----------------------------------------------------------------
@@ -235,8 +250,8 @@ class ControlServer:
         next_expiry = time.monotonic() + 0.5
         while not self._closed.is_set():
             for key, _ in self._selector.select(timeout=min(interval, 0.5)):
-                if key.fileobj is self._listener:
-                    self._accept()
+                if key.data is None:  # a listening socket
+                    self._accept(key.fileobj)
                 else:
                     self._read(key.data)
             now = time.monotonic()
@@ -248,10 +263,10 @@ class ControlServer:
                 for agent, conn in list(self._peers.items()):
                     self._send(agent, conn, beat)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: Any) -> None:
         for _ in range(1024):  # drain the backlog in bursts, then serve the others
             try:
-                sock, address = self._listener.accept()
+                sock, address = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. EMFILE: refuse, do not die
@@ -260,7 +275,7 @@ class ControlServer:
             sock.settimeout(SEND_TIMEOUT)
             conn = _Connection(sock, f"{address[0]}:{address[1]}", secrets.token_hex(16), time.monotonic() + HANDSHAKE_TIMEOUT)
             try:
-                sock.sendall(encode(to_wire(Nonce(conn.nonce))))
+                sock.sendall(encode(to_wire(Nonce(conn.nonce, self.job))))
             except OSError:  # a port scan: gone before the greeting (one line, as for the others)
                 sock.close()
                 self.log(f"control port {self.port}: connection from {conn.peer} closed the connection "
@@ -300,6 +315,12 @@ class ControlServer:
         if not isinstance(message, dict):
             self._drop(conn, "sent something that is not a control message")
             return False
+        if conn.agent is None and Elsewhere.KEY in message:  # another job's agent, looking for its own agent 0
+            self._unregister(conn)
+            self.log(f"control port {self.port}: {conn.peer} is an agent of another job ({message[Elsewhere.KEY]!s:.80}) "
+                     "that looked here for its first node's agent (its ports and ours come from blocks that "
+                     "coincide); closed it")
+            return False
         if conn.agent is None:
             return self._authenticate(conn, message)
         if Beat.KEY not in message:
@@ -318,7 +339,9 @@ class ControlServer:
         if agent in self._peers:
             self._refuse(conn, f"claims agent id {agent}, which is already connected")
             return False
-        known = Hello(agent, str(hello.get("node")), hello.get("ip"), hello.get("plan"))
+        free = hello.get("free")
+        known = Hello(agent, str(hello.get("node")), hello.get("ip"), hello.get("plan"),
+                      [b for b in free if isinstance(b, int)] if isinstance(free, list) else None)
         conn.agent = agent
         self._peers[agent] = conn
         with self._changed:
@@ -405,34 +428,72 @@ class ControlClient:
         secret: bytes,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
         refused_ends: bool = False,
+        job: str = "",
+        also_at: Sequence[int] = (),
     ) -> None:
-        """``refused_ends``: a refused connection (nobody listens any more) fails at once, not at the deadline."""
+        """``refused_ends``: a refused connection (nobody listens any more) fails at once, not at the deadline.
+
+        ``job`` (`job_tag`) and ``also_at``: agent 0 may listen on ``port`` or on one of the
+        ``also_at`` ports (the job moved to another port block); each is tried in turn until
+        one greets with this ``job``. An agent 0 of another job is told so and left.
+        """
         deadline = time.monotonic() + timeout
+        ports = (port, *also_at)
         while True:
-            try:
-                self._sock = socket.create_connection((host, port), timeout=min(5.0, timeout))
-                # Accepted by the kernel, maybe not yet by a busy agent 0: wait for its nonce
-                # rather than reconnect (thousands of reconnects would only add to its load).
-                self._sock.settimeout(max(1.0, min(GREETING_TIMEOUT, deadline - time.monotonic())))
-                self._stream = self._sock.makefile("rb")
-                greeting = json.loads(self._stream.readline(MAX_MESSAGE) or b"null")
-                if not isinstance(greeting, dict) or not isinstance(greeting.get(Nonce.KEY), str):
-                    raise ControlError(f"{host}:{port} is not a keras_distrib agent (another program holds the port?)")
-                break
-            except (OSError, ValueError) as exc:  # agent 0 may not listen yet: retry until the deadline
-                if refused_ends and isinstance(exc, ConnectionRefusedError):
-                    raise ControlError(f"nothing listens at {host}:{port} any more (the job ended there)") from None
+            refused = 0
+            for candidate in ports:
+                try:
+                    greeting = self._greeted(host, candidate, deadline, job)
+                except ConnectionRefusedError as exc:
+                    refused += 1
+                    failure: Exception = exc
+                except ControlError as exc:  # another program holds this port: agent 0 is on another, if any
+                    if not also_at:
+                        raise
+                    failure = exc
+                except (OSError, ValueError) as exc:  # agent 0 may not listen yet: retry until the deadline
+                    failure = exc
+                else:
+                    if greeting is not None:
+                        self.port = candidate
+                        break
+                    failure = ControlError(f"another job's agent listens at {host}:{candidate}")
+            else:
+                if refused_ends and refused == len(ports):
+                    raise ControlError(f"nothing listens at {host}:{port} any more (the job ended there)")
                 if time.monotonic() > deadline:
-                    raise ControlError(
-                        f"cannot reach the first node's agent at {host}:{port} within {timeout:.0f} s ({exc})"
-                    ) from None
+                    where = f"{host}:{port}" + (f" (or ports {', '.join(map(str, also_at))})" if also_at else "")
+                    raise ControlError(f"cannot reach the first node's agent at {where} within {timeout:.0f} s "
+                                       f"({failure})") from None
                 time.sleep(0.2)
+                continue
+            break
         self._sock.settimeout(heartbeat_timeout)
         self._lock = threading.Lock()
         self.heartbeat_timeout = heartbeat_timeout
         self.send({**hello, "auth": proof(secret, greeting[Nonce.KEY], hello)})
         self._closed = threading.Event()
         threading.Thread(target=self._beat, name="control-heartbeat", daemon=True).start()
+
+    def _greeted(self, host: str, port: int, deadline: float, job: str) -> Message | None:
+        """Connect to ``port``; agent 0's greeting, or None (and closed) when it runs another job."""
+        self._sock = socket.create_connection((host, port), timeout=min(5.0, max(1.0, deadline - time.monotonic())))
+        try:
+            # Accepted by the kernel, maybe not yet by a busy agent 0: wait for its nonce
+            # rather than reconnect (thousands of reconnects would only add to its load).
+            self._sock.settimeout(max(1.0, min(GREETING_TIMEOUT, deadline - time.monotonic())))
+            self._stream = self._sock.makefile("rb")
+            greeting = json.loads(self._stream.readline(MAX_MESSAGE) or b"null")
+            if not isinstance(greeting, dict) or not isinstance(greeting.get(Nonce.KEY), str):
+                raise ControlError(f"{host}:{port} is not a keras_distrib agent (another program holds the port?)")
+            if job and greeting.get("job", job) != job:
+                self._sock.sendall(encode(to_wire(Elsewhere(job))))
+                self._sock.close()
+                return None
+            return greeting
+        except BaseException:
+            self._sock.close()
+            raise
 
     def _beat(self) -> None:
         while not self._closed.wait(self.heartbeat_timeout / 6):

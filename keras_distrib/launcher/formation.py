@@ -13,15 +13,15 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from cluster_parsers import JobInfo
+from cluster_parsers import ClusterConfigError, JobInfo
 
-from ..plan import Plan, build_plan
-from . import control
+from ..plan import PORT_BLOCK, Plan, build_plan, moved_plan
+from . import control, portblocks
 from .interfaces import interface_ipv4
 from .messages import (
     Event, FromPeer, Hello, JobMessage, MessageError, PeerGone, Start, Stop, decode, to_wire,
@@ -172,16 +172,20 @@ def form_job(
     options: Options,
     post: Callable[[Event], None],
     log: Any = logger,
+    free: Sequence[int] = (),
 ) -> tuple[Channel, Plan]:
     """Connect and authenticate the agents; check that all computed the same plan.
 
-    Returns the channel and the plan to run (readdressed with --interface). Raises
-    ControlError naming what is missing.
+    ``free``: the plan's port blocks free for this agent's processes on its node
+    (`portblocks.free_blocks`; () when the plan's ports are fixed). Returns the channel and
+    the plan to run (moved to another port block where the plan's is taken on a node,
+    readdressed with --interface). Raises ControlError naming what is missing.
     """
     my_ip = interface_ipv4(options.interface, identity.node) if options.interface else None
     if identity.num_agents == 1:
+        if free and free[0] != plan.processes[0].port:
+            plan = _moved(job, plan, free[0], [identity.node], log)
         return SoloChannel(), readdressed(job, plan, {n: my_ip for n in plan.nodes}) if my_ip else plan
-    port = plan.control_port()
     try:
         secret, secret_file = control.job_secret(plan.scheduler, plan.job_id, os.environ)
     except OSError as exc:
@@ -190,41 +194,12 @@ def form_job(
             f"run from a writable directory shared by the nodes, or export {control.SECRET_VAR}=<random string> "
             "in the job script"
         ) from None
-    digest = plan_digest(plan)
     if identity.leader:
-        others = {a: n for a, n in identity.agent_nodes.items() if a != 0}
-        server = control.ControlServer(
-            port, identity.num_agents - 1, secret, log=log.info,
-            heartbeat_timeout=options.heartbeat_timeout, valid_agents=others,
-        )
-        channel = LeaderChannel(server, secret_file, linger=options.shutdown_grace + LINGER_MARGIN_S)
-        try:
-            hellos = server.gather(options.startup_timeout, others)
-            differ = sorted(a for a, h in hellos.items() if h.plan != digest)
-            if differ:
-                raise control.ControlError(
-                    f"the plan computed on {control.first_few(others[a] for a in differ)} differs from this node's "
-                    "(different options or job variables on those nodes?)"
-                )
-        except control.ControlError:
-            channel.close()
-            raise
-        start = Start()
-        if my_ip:
-            start = Start(hosts={h.node: h.ip for h in hellos.values()} | {identity.node: my_ip})
-            plan = readdressed(job, plan, start.hosts or {})
-        channel.to_all(start)
-
-        def deliver(report: control.PeerReport) -> None:
-            event = peer_event(report)
-            if event is not None:
-                post(event)
-
-        server.listen(deliver)
-        return channel, plan
-    first = plan.processes[0].node
-    hello = Hello(identity.agent_id, identity.node, my_ip, digest)
-    client = control.ControlClient(first, port, to_wire(hello), options.startup_timeout, secret, options.heartbeat_timeout)
+        return _lead(identity, job, plan, options, post, log, free, secret, secret_file, my_ip)
+    hello = Hello(identity.agent_id, identity.node, my_ip, plan_digest(plan), list(free) if plan.port_fallbacks else None)
+    first, ports = plan.processes[0].node, portblocks.control_ports(plan)
+    client = control.ControlClient(first, ports[0], to_wire(hello), options.startup_timeout, secret,
+                                   options.heartbeat_timeout, job=portblocks.job_tag(plan), also_at=ports[1:])
     raw = client.receive()
     try:
         message = decode(raw) if raw is not None else None
@@ -233,9 +208,99 @@ def form_job(
     if not isinstance(message, Start):
         client.close()
         raise control.ControlError(f"the agent on {first} went away before the job started")
+    if message.ports is not None:
+        plan = moved_plan(plan, job, message.ports)
     if message.hosts:
         plan = readdressed(job, plan, message.hosts)
     return FollowerChannel(client, post), plan
+
+
+def _lead(identity: Identity, job: JobInfo, plan: Plan, options: Options, post: Callable[[Event], None], log: Any,
+          free: Sequence[int], secret: bytes, secret_file: Path | None, my_ip: str | None) -> tuple[Channel, Plan]:
+    """Agent 0's side of `form_job`: listen, gather the hellos, move the plan if need be, send the start."""
+    others = {a: n for a, n in identity.agent_nodes.items() if a != 0}
+    server, claimed = _claim_control_port(plan, free or [plan.processes[0].port], others, secret, options, log)
+    channel = LeaderChannel(server, secret_file, linger=options.shutdown_grace + LINGER_MARGIN_S)
+    try:
+        hellos = server.gather(options.startup_timeout, others)
+        digest = plan_digest(plan)
+        differ = sorted(a for a, h in hellos.items() if h.plan != digest)
+        if differ:
+            raise control.ControlError(
+                f"the plan computed on {control.first_few(others[a] for a in differ)} differs from this node's "
+                "(different options or job variables on those nodes?)"
+            )
+        base = _block_for_all(plan, claimed, free, identity.node, hellos, server) if plan.port_fallbacks else None
+    except (control.ControlError, ClusterConfigError):
+        channel.close()
+        raise
+    if base is not None and base != plan.processes[0].port:
+        taken = portblocks.taken_on(plan, plan.processes[0].port, free, identity.node, hellos)
+        plan = _moved(job, plan, base, taken, log)
+    else:
+        base = None
+    start = Start(ports=base)
+    if my_ip:
+        start = Start(hosts={h.node: h.ip for h in hellos.values()} | {identity.node: my_ip}, ports=base)
+        plan = readdressed(job, plan, start.hosts or {})
+    channel.to_all(start)
+
+    def deliver(report: control.PeerReport) -> None:
+        event = peer_event(report)
+        if event is not None:
+            post(event)
+
+    server.listen(deliver)
+    return channel, plan
+
+
+def _claim_control_port(plan: Plan, free: Sequence[int], others: dict[int, str], secret: bytes, options: Options,
+                        log: Any) -> tuple[control.ControlServer, int]:
+    """Listen on the control port of the first of ``free`` blocks that is still free; the
+    server and that block (holding its control port claims it)."""
+    error: OSError | None = None
+    for base in free:
+        port = portblocks.shifted(plan.control_port(), plan, base)
+        try:
+            server = control.ControlServer(port, len(others), secret, log=log.info,
+                                           heartbeat_timeout=options.heartbeat_timeout, valid_agents=others,
+                                           job=portblocks.job_tag(plan))
+        except OSError as exc:  # taken since the check: another job's agent 0 got there first
+            error = exc
+            continue
+        return server, base
+    raise control.ControlError(f"cannot listen on the agents' control port {plan.control_port()} "
+                               f"or on any fallback ({error.strerror if error else 'none free'})")
+
+
+def _block_for_all(plan: Plan, claimed: int, free: Sequence[int], me: str, hellos: Mapping[int, Hello],
+                   server: control.ControlServer) -> int:
+    """The first block from ``claimed`` on that is free on every node; agent 0 also listens on
+    its control port, so that port claims it and agents that rejoin find agent 0 there."""
+    for base in portblocks.block_for_all(plan, claimed, free, hellos):
+        if base == claimed:
+            return base
+        try:
+            server.also_listen(portblocks.shifted(plan.control_port(), plan, base))
+        except OSError:
+            continue
+        return base
+    first = plan.processes[0].port
+    where = "; ".join(f"{base}-{base + PORT_BLOCK - 1} on {control.first_few(portblocks.taken_on(plan, base, free, me, hellos))}"
+                      for base in portblocks.blocks(plan))
+    raise ClusterConfigError(
+        f"no port block is free on every node of the job: taken are {where}.",
+        f"pass --port-base with a range free on the job's nodes (ss -ltnp shows who listens), "
+        f"e.g. --port-base {first + 10000}.",
+    )
+
+
+def _moved(job: JobInfo, plan: Plan, base: int, taken: Sequence[str], log: Any) -> Plan:
+    first = plan.processes[0].port
+    log.warning(f"ports {first}-{first + PORT_BLOCK - 1} (the block of job id {plan.job_id}) are taken on "
+                f"{control.first_few(taken)} (another job whose id is equal modulo 500?); the job uses "
+                f"{base}-{base + PORT_BLOCK - 1} instead.")
+    return moved_plan(plan, job, base)
 
 
 def rejoin_job(
@@ -253,6 +318,8 @@ def rejoin_job(
     my_ip = interface_ipv4(options.interface, identity.node) if options.interface else None
     secret, _ = control.job_secret(plan.scheduler, plan.job_id, os.environ)
     hello = Hello(identity.agent_id, identity.node, my_ip, plan_digest(plan))
-    client = control.ControlClient(plan.processes[0].node, plan.control_port(), to_wire(hello), timeout, secret,
-                                   options.heartbeat_timeout, refused_ends=True)
+    ports = portblocks.control_ports(plan)
+    client = control.ControlClient(plan.processes[0].node, ports[0], to_wire(hello), timeout, secret,
+                                   options.heartbeat_timeout, refused_ends=True, job=portblocks.job_tag(plan),
+                                   also_at=ports[1:])
     return FollowerChannel(client, post)

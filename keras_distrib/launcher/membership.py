@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import progress
 from ..contract import PREEMPTED_EXIT_CODE
-from ..plan import Plan, survivors_plan
+from ..plan import Plan, moved_plan, survivors_plan
 from . import control
 from .formation import Channel, plan_digest, rejoin_job
 from .messages import FailureDue, Failed, Hello, JoinDue, RejoinFailed, Rejoined, Start
@@ -134,7 +134,7 @@ class MembershipPolicy:
         self.log.warning(f"lost {lost}; continuing on {len(left)} nodes ({', '.join(left)}) "
                          f"{self._resume_point()} ({why})")
         number = self.status.generation.number + 1
-        self.channel.to_all(Start(generation=number, nodes=left))  # a dropped agent still connected stops on it
+        self.channel.to_all(Start(generation=number, nodes=left, ports=self._moved_to()))  # a dropped agent still connected stops on it
         self._reform_here(number, left)
 
     def _writer_says(self, read: Callable[[Path], Any]) -> Any:
@@ -264,12 +264,20 @@ class MembershipPolicy:
         self.log.warning(f"{', '.join(back)} rejoined; continuing on {len(nodes)} nodes ({', '.join(nodes)}) "
                          f"{self._resume_point()}")
         number = self.status.generation.number + 1
-        self.channel.to_all(Start(generation=number, nodes=nodes))
+        self.channel.to_all(Start(generation=number, nodes=nodes, ports=self._moved_to()))
         self._reform_here(number, nodes)
 
-    def _reform_here(self, number: int, nodes: tuple[str, ...]) -> None:
-        """Every agent: RUNNING/WAITING -> FORMING -> RUNNING on generation ``number``, the plan on ``nodes``."""
+    def _moved_to(self) -> int | None:
+        """The first port of the block the job moved to at start-up (`portblocks`), or None."""
+        base = self.membership.formed_plan.processes[0].port
+        return base if base != self.spec.plan.processes[0].port else None
+
+    def _reform_here(self, number: int, nodes: tuple[str, ...], ports: int | None = None) -> None:
+        """Every agent: RUNNING/WAITING -> FORMING -> RUNNING on generation ``number``, the plan on ``nodes``
+        (``ports``: where the job moved at start-up, news to an agent that joined with --join)."""
         rejoining = self.status.state is State.FORMING  # a dropped agent back, not (yet) among ``nodes``
+        if ports is not None and ports != self.membership.formed_plan.processes[0].port:
+            self.membership.formed_plan = moved_plan(self.membership.formed_plan, self.spec.job, ports)
         self._enter(State.FORMING)
         self.status.generation = Generation(number, survivors_plan(self.membership.formed_plan, self.spec.job, nodes))
         self.restarts.seen += 1  # a Stuck report from before is stale

@@ -35,10 +35,23 @@ class MessageError(ValueError):
 
 @dataclass(frozen=True)
 class Nonce:
-    """Agent 0's greeting on each new connection: prove the job secret over this nonce."""
+    """Agent 0's greeting on each new connection: prove the job secret over this nonce.
+
+    ``job``: which job this agent 0 runs (`job_tag`), so an agent of another job that
+    tried this port while looking for its own agent 0 goes on looking.
+    """
 
     KEY: ClassVar[str] = "nonce"
     nonce: str
+    job: str = ""
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """An agent -> another job's agent 0, which greeted it: not my job (``job``); closing."""
+
+    KEY: ClassVar[str] = "elsewhere"
+    job: str
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,9 @@ class Hello:
     node: str
     ip: str | None = None
     plan: str | None = None
+    #: The port blocks (first ports) of the plan's and its fallbacks whose ports are free for
+    #: this agent's processes on its node; None when the plan's ports are fixed.
+    free: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,8 @@ class Start:
     """Agent 0 -> all: every agent connected and agreed on the plan: start the processes.
 
     ``hosts``: the interface address of each node (with --interface), which replaces the
-    node names in the plan; ``generation``: the plan's generation (0 at start-up).
+    node names in the plan; ``ports``: the first port of the block agent 0 moved the job
+    to (its own was taken on a node); ``generation``: the plan's generation (0 at start-up).
     ``nodes``: an elastic re-forming (generation > 0): the nodes the job goes on on, in
     plan order; every agent restarts its processes from the plan re-formed on them, and
     an agent whose node is not among them stops.
@@ -85,6 +102,7 @@ class Start:
     hosts: dict[str, str] | None = None
     generation: int = 0
     nodes: tuple[str, ...] | None = None
+    ports: int | None = None
 
 
 @dataclass(frozen=True)
@@ -154,8 +172,8 @@ class Stuck:
 
 
 JobMessage = Start | Stop | Restart | Failed | Died | Done | Stuck
-ControlMessage = Nonce | Refused | Hello | Beat | JobMessage
-_WIRE: dict[str, type[Any]] = {cls.KEY: cls for cls in (Nonce, Refused, Beat, Start, Stop, Restart, Failed, Died, Done, Stuck)}
+ControlMessage = Nonce | Elsewhere | Refused | Hello | Beat | JobMessage
+_WIRE: dict[str, type[Any]] = {cls.KEY: cls for cls in (Nonce, Elsewhere, Refused, Beat, Start, Stop, Restart, Failed, Died, Done, Stuck)}
 
 
 def to_wire(message: ControlMessage) -> dict[str, Any]:
@@ -189,8 +207,10 @@ def decode(raw: Any) -> ControlMessage:
         if kind is Start:
             body = raw[key]
             nodes = body.get("nodes")
+            ports = body.get("ports")
             return Start(hosts=body.get("hosts"), generation=int(body.get("generation", 0)),
-                         nodes=tuple(str(n) for n in nodes) if nodes else None)
+                         nodes=tuple(str(n) for n in nodes) if nodes else None,
+                         ports=int(ports) if ports is not None else None)
         if kind is Restart:
             return Restart(tuple(str(t) for t in raw[key]))
         first, *rest = fields(kind)

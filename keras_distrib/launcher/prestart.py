@@ -66,8 +66,9 @@ def taken_port(port: int) -> bool:
     return False
 
 
-def require_free_ports(ports: dict[int, str], node: str) -> None:
-    """Fail before anything starts when a port of the plan is taken on this node.
+def require_free_ports(ports: dict[int, str], node: str, also: str = "") -> None:
+    """Fail before anything starts when a port of the plan is taken on this node (``also``:
+    what else the message says, e.g. that no fallback block is free either).
 
     TensorFlow would otherwise end in "UnknownError: Could not start gRPC server" with
     the reason in a separate log line.
@@ -76,6 +77,6 @@ def require_free_ports(ports: dict[int, str], node: str) -> None:
     if taken:
         listing = ", ".join(f"{port} ({who})" for port, who in sorted(taken.items()))
         raise ClusterConfigError(
-            f"port(s) {listing} already in use on {node}.",
+            f"port(s) {listing} already in use on {node}." + (f" {also}" if also else ""),
             f"pass another --port-base (e.g. --port-base {min(ports) + 1000}) or end what listens there (ss -ltnp).",
         )

@@ -23,7 +23,7 @@ from typing import Self
 import pytest
 from slurm_cluster import SlurmTestCluster
 
-from keras_distrib.plan import PORT_BLOCK, derive_port_base
+from keras_distrib.plan import PORT_BLOCK, derive_port_base, fallback_bases
 
 REPO = Path(__file__).resolve().parents[2]
 PS_PER_NODE = REPO / "scripts" / "sbatch" / "ps-per-node.sbatch"
@@ -508,4 +508,45 @@ def test_two_jobs_on_one_node_at_once_never_share_a_port(slurm_cluster: SlurmTes
     assert len(ports[0]) == len(ports[1]) == 2 and not ports[0] & ports[1], ports
     in_resv = [all(12000 <= p <= 12999 for p in job_ports) for job_ports in ports]
     assert in_resv == [reserve, reserve], (ports, texts)
+    assert_nothing_left(slurm_cluster)
+
+
+def test_a_job_whose_port_block_another_job_holds_moves_to_a_fallback(slurm_cluster: SlurmTestCluster,
+                                                                      work: Path) -> None:
+    """Two jobs whose ids are equal modulo 500 want the same block on the same two nodes. The
+    first is emulated by a job given that block (--port-base), up before the second starts
+    (submitted held, released once the first is up): the second's agents find the block
+    taken, agree on the first fallback, and both jobs run to the end with disjoint ports."""
+    (work / "both_up.py").write_text(textwrap.dedent(BOTH_UP).lstrip())
+    up = {me: work / f"collide-{me}.up" for me in "ab"}
+    out = {me: work / f"collide-{me}.out" for me in "ab"}
+    for path in up.values():
+        path.unlink(missing_ok=True)
+
+    def script(me: str, other: str, flags: str = "") -> str:
+        return (f"#!/bin/bash\nsrun -N2 --ntasks-per-node=1 python -m keras_distrib.slurm {flags}both_up.py "
+                f"{up[me]} {up[other]}\n")
+
+    args = ("-N2", "-w", "n1,n2", "-c1")
+    second = slurm_cluster.sbatch(script("b", "a"), *args, "--hold", "-o", str(out["b"]), cwd=work)
+    block = derive_port_base(str(second))
+    first = slurm_cluster.sbatch(script("a", "b", f"--port-base {block} "), *args, "-o", str(out["a"]), cwd=work)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not up["a"].exists():
+            assert time.monotonic() < deadline, out["a"].read_text(errors="replace") if out["a"].exists() else ""
+            time.sleep(0.5)
+        slurm_cluster.head(["scontrol", "release", str(second)], timeout=30)
+        results = {me: slurm_cluster.wait_job(job, timeout=TIMEOUT) for me, job in (("a", first), ("b", second))}
+    finally:
+        for job in (first, second):
+            slurm_cluster.head(["scancel", str(job)], timeout=30)
+    texts = {me: out[me].read_text(errors="replace") for me in "ab"}
+    assert all(r == "COMPLETED" and r.exit_code == 0 for r in results.values()), (results, texts)
+    ports = {me: [int(a.rsplit(":", 1)[1]) for a in up[me].read_text().split()] for me in "ab"}
+    moved_to = fallback_bases(block)[0]
+    assert all(block <= p < block + PORT_BLOCK for p in ports["a"]), (ports, texts)
+    assert all(moved_to <= p < moved_to + PORT_BLOCK for p in ports["b"]), (ports, texts)
+    assert f"the job uses {moved_to}-{moved_to + PORT_BLOCK - 1} instead" in texts["b"], texts["b"]
+    assert error_lines(texts["a"]) == error_lines(texts["b"]) == [], texts
     assert_nothing_left(slurm_cluster)

@@ -766,7 +766,7 @@ def test_the_end_writes_the_exit_code_and_ends_the_step_while_a_silent_node_may_
     h = harness(min_nodes=2, exit_code_file=str(tmp_path / "sub" / "exit-code"))
     ended: list[str] = []
     h.agent.scheduler = replace(h.agent.scheduler, end_job_step=lambda scheduler, environ, say: ended.append(scheduler))
-    h.agent.form = lambda: (h.channel, h.agent.plan)  # type: ignore[method-assign]
+    h.agent.form = lambda _free=(): (h.channel, h.agent.plan)  # type: ignore[method-assign]
     h.agent.status.state = State.FORMING  # as before run()
     h.agent.post(PeerSilent(2, 31))
     h.agent.post(FromPeer(1, Failed("worker:1 on n2 exited with 3", 3)))

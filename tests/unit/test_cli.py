@@ -85,7 +85,7 @@ def test_plan_table() -> None:
                 for p in plan_json(env, module="keras_distrib.slurm")["processes"]]
     assert [line.split() for line in lines[2:-1]] == expected
     assert "4711" in lines[0] and "ps-per-node" in lines[0]
-    assert lines[-1] == "ports: the block derived from job id 4711 (24220-24239)"
+    assert lines[-1] == "ports: the block derived from job id 4711 (24220-24239; taken on a node, the job moves to a fallback block)"
 
 
 @pytest.mark.parametrize("layout", ["ps-per-node", "worker-per-gpu", "allreduce"])

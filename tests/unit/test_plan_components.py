@@ -105,8 +105,8 @@ def test_reserved_ports_are_read_from_the_step() -> None:
     (range(12003, 12023), 12003, "SLURM_STEP_RESV_PORTS='r', reserved for this step by the scheduler"),
     (range(12003, 12008), 12003, "SLURM_STEP_RESV_PORTS='r', reserved for this step by the scheduler"),  # 3 + 2
     # Slurm's default for a step (tasks per node + 1): too few, so the job-id block.
-    (range(12001, 12003), 24220, "the block derived from job id 4711 (24220-24239); SLURM_STEP_RESV_PORTS='r' holds "
-                                 "2 port(s) in a row, fewer than the 5 this plan needs on a host (srun "
+    (range(12001, 12003), 24220, "the block derived from job id 4711 (24220-24239; taken on a node, the job moves "
+                                 "to a fallback block); SLURM_STEP_RESV_PORTS='r' holds 2 port(s) in a row, fewer than the 5 this plan needs on a host (srun "
                                  "--resv-ports=5 reserves them)"),
     ((12003, 12004, 12005, 12006, 12010), 24220, None),  # not 5 in a row
 ])
