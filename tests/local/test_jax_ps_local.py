@@ -205,3 +205,20 @@ def test_a_frozen_worker_is_named_and_its_lost_node_continues_on_the_survivors_e
     assert job.count(f"resuming from {workdir}/ckpt/jax-ps: epoch {found.group(1)} done") == 1, job.text()[-3000:]
     assert_exact(history_of(job)["history"], epochs, rows)
     assert not alive(job.seen)
+
+
+def test_a_model_with_its_own_jax_train_step_trains_with_its_own_metrics_on_three_workers(tmp_path: Path) -> None:
+    """A model whose stateless ``train_step`` and ``test_step`` are its own (gradient clipping,
+    a metric of the gradients' norm, BatchNorm): the workers run that step, the chief sums each
+    part's metric states, and it learns as one process does."""
+    script = Path(__file__).resolve().parent / "jax_custom_step_script.py"
+    epochs, rows = 3, 4003  # 126 batches an epoch: parts enough for every worker once it has compiled
+    job = Job(["--nodes", "3", "--layout", "ps-per-node", "--startup-timeout", "600", str(script), str(tmp_path),
+               str(epochs), str(rows)], tmp_path, KERAS_BACKEND="jax")
+    assert job.wait() == 0, job.text()[-4000:]
+    history = history_of(job)["history"]
+    assert set(history) == {"loss", "accuracy", "grad_norm", "val_loss", "val_accuracy", "val_grad_norm"}, history
+    assert len(history["grad_norm"]) == epochs and all(n > 0 for n in history["grad_norm"]), history
+    assert history["val_grad_norm"] == [0.0] * epochs, history  # its own test_step leaves it alone
+    assert history["loss"][-1] < history["loss"][0] and history["val_accuracy"][-1] >= 0.9, history
+    assert re.search(r"worker 2: \d+ steps", job.text()), job.text()[-3000:]  # three workers shared the epochs
