@@ -222,3 +222,34 @@ def test_a_model_with_its_own_jax_train_step_trains_with_its_own_metrics_on_thre
     assert history["val_grad_norm"] == [0.0] * epochs, history  # its own test_step leaves it alone
     assert history["loss"][-1] < history["loss"][0] and history["val_accuracy"][-1] >= 0.9, history
     assert re.search(r"worker 2: \d+ steps", job.text()), job.text()[-3000:]  # three workers shared the epochs
+
+
+def test_a_killed_ps_resumes_from_the_last_mid_epoch_checkpoint_exactly(tmp_path: Path) -> None:
+    """--checkpoint-every 40steps: the chief checkpoints inside each epoch (the ps's values and the
+    parts folded so far). A ps killed in the second epoch restarts every process; the chief resumes
+    inside that epoch, not at its start, and every epoch still counts each example once."""
+    epochs, rows = 3, 12_003  # 376 batches an epoch
+    args = ["--nodes", "2", "--layout", "ps-per-node", "--startup-timeout", "600", "--checkpoint-every", "40steps",
+            str(SCRIPT), str(tmp_path), str(epochs), str(rows)]
+    job = Job(args, tmp_path, KERAS_BACKEND="jax")
+    saved = tmp_path / "ckpt" / "jax-ps" / "epoch.json"
+
+    def inside_second_epoch() -> int:
+        try:
+            within = json.loads(saved.read_text()).get("within") or {}
+        except (OSError, ValueError):  # not there yet, or replaced as it was read
+            return 0
+        return int(within["steps"]) if within.get("epoch") == 1 else 0
+
+    def kill_a_ps() -> None:
+        assert wait_for(lambda: inside_second_epoch() >= 40, 600), job.text()[-3000:]
+        job.kill("ps:0")
+
+    code = job.wait_after(kill_a_ps)
+    agent = "\n".join(line for line in job.lines if " agent] " in line)
+    assert code == 0, f"{agent}\n{job.text()[-4000:]}"
+    assert re.search(r"ps:0 on local0 exited with signal 9 \(SIGKILL\); restarting", agent), agent
+    resumed = re.findall(r"resuming from \S+: epoch 2, (\d+) of 376 batches into it", job.text())
+    assert len(resumed) == 1 and int(resumed[0]) >= 40, job.text()[-4000:]
+    assert_exact(history_of(job)["history"], epochs, rows)
+    assert not alive(job.seen)

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ... import contract, progress
-from ...checkpoints import Preempted, preemption_requested, preemption_signals
+from ...checkpoints import Preempted, Schedule, interval_from_env, preemption_requested, preemption_signals
 from ...contract import PREEMPTED_EXIT_CODE
 from .. import callbacks as cb_utils
 from .._common import TrainerError
@@ -53,6 +53,12 @@ class EpochTally:
             return cls(np.zeros(size))
         return cls(np.asarray(within["states"], np.float64), int(within["examples"]), int(within["steps"]),
                    {int(w): int(n) for w, n in within["worker_steps"].items()}, set(within["done"]))
+
+    def record(self, epoch: int, num_batches: int, per_part: int) -> dict[str, Any]:
+        """What a checkpoint inside ``epoch`` keeps of this tally (`Keeper.save`'s ``within``)."""
+        return {"epoch": epoch, "num_batches": num_batches, "per_part": per_part, "done": sorted(self.done),
+                "states": self.states.tolist(), "examples": self.examples, "steps": self.steps,
+                "worker_steps": {str(w): n for w, n in self.worker_steps.items()}}
 
     def add(self, part: Part, report: Report) -> None:
         self.states += report.states
@@ -171,6 +177,8 @@ class Run:
         self.run_id = random.getrandbits(48)  # the chief's: its parts and their reports carry it
         self.live: dict[int, int] = {}  # the chief's: worker -> the pid of its latest start
         self.tally: EpochTally | None = None  # the chief's: the epoch being folded
+        self.keeper: Keeper | None = None  # the chief's checkpoint, and when the next mid-epoch one is due
+        self.schedule: Schedule | None = None
         assert self.store is not None and self.queues is not None
 
     # -- a worker -------------------------------------------------------------------
@@ -221,9 +229,11 @@ class Run:
              validation: "Validation | None", validation_freq: int, checkpoint_dir: str | None) -> Any:
         """Hand out every epoch, fold the reports, run the callbacks and keep the checkpoint."""
         model, callbacks = self.trainer.model, cb_utils.with_history(callbacks)
-        keeper = Keeper(checkpoint_dir, model, callbacks)
+        keeper = self.keeper = Keeper(checkpoint_dir, model, callbacks)
         resumed = keeper.restore()
         start = max(initial_epoch, 0 if resumed is None else resumed + 1)
+        if checkpoint_dir is not None:
+            self.schedule = Schedule(interval_from_env(), 0)
         if resumed is not None:  # CSVLogger files continue, not restart
             cb_utils.continue_csv_logs(callbacks, start)
         within = keeper.within_epoch(start, self.num_batches, self.trainer.steps_per_execution)
@@ -248,6 +258,8 @@ class Run:
                 cbs.on_epoch_end(epoch, logs)
                 progress.training_ended(epoch + 1 >= epochs or model.stop_training)  # before the checkpoint is noted
                 keeper.save(epoch, steps=(epoch + 1) * self.num_batches)
+                if self.schedule is not None:
+                    self.schedule.mark(0)
                 if model.stop_training:
                     break
         if start >= epochs:
@@ -264,15 +276,22 @@ class Run:
         """Save where the epoch is (its parts folded so far), stop every worker, exit to be requeued."""
         tally = self.tally
         assert tally is not None
-        keeper.save(epoch - 1, steps=epoch * self.num_batches + tally.steps, within={
-            "epoch": epoch, "num_batches": self.num_batches, "per_part": self.trainer.steps_per_execution,
-            "done": sorted(tally.done), "states": tally.states.tolist(), "examples": tally.examples,
-            "steps": tally.steps, "worker_steps": {str(w): n for w, n in tally.worker_steps.items()}})
+        self.save_within(keeper, epoch, tally)
         logger.info("got %s: saved a checkpoint in %s at epoch %d, %d of %d batches into it; stopping with exit code "
                     "%d so the job can be requeued.", signal.Signals(signum).name, keeper.directory, epoch + 1,
                     tally.steps, self.num_batches, PREEMPTED_EXIT_CODE)
         self.queues.stop_workers(self.run_id, STOP_WAIT, signum)
         raise Preempted(signum)
+
+    def save_within(self, keeper: "Keeper", epoch: int, tally: EpochTally) -> None:
+        """A checkpoint inside ``epoch``: the ps's values now and the parts folded so far.
+
+        Parts in flight may have pushed already: a run resumed from it trains them again (at
+        least once, as the TensorFlow trainer re-runs a dead worker's closures); the metrics
+        count each example once (the tally is restored with the weights)."""
+        self.trainer._pull_into_model()
+        keeper.save(epoch - 1, steps=epoch * self.num_batches + tally.steps,
+                    within=tally.record(epoch, self.num_batches, self.trainer.steps_per_execution))
 
     def lead_epoch(self, epoch: int, epochs: int, cbs: Any, within: dict[str, Any] | None = None) -> dict[str, Any]:
         """Hand out one epoch's parts and fold each one's report exactly once (``within``: the
@@ -294,6 +313,10 @@ class Run:
                     continue
                 tally.add(part, report)
                 progress.tick(part.batches)
+                if self.schedule is not None and self.keeper is not None and self.schedule.due(tally.steps) \
+                        and tally.steps < self.num_batches:
+                    self.save_within(self.keeper, epoch, tally)
+                    self.schedule.mark(tally.steps)
                 if self.batch_logs:
                     set_metric_states(model, tally.states, reset)
                     cbs.on_train_batch_end(tally.steps - 1, running_logs(model))
