@@ -5,7 +5,7 @@ last batch is short); a second, untrained output carries each example's id, so t
 ``id_count`` and ``id_idsum`` read how many examples an epoch trained on, and which (ids
 mod 1000, so the sums stay exact in float32). The chief
 writes ``started-<epoch>`` as each epoch begins, saves WORKDIR/model.keras and prints one JSON
-line with the history.
+line with the history and the step counter.
 """
 
 import json
@@ -19,7 +19,7 @@ from id_metrics import Count, IdSum
 
 import keras_distrib
 import keras_distrib.strategies
-from keras_distrib.trainers import build
+from keras_distrib.trainers import build, trainer_for
 
 strategy = keras_distrib.strategy()
 workdir, epochs, rows = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -53,9 +53,10 @@ history = keras_distrib.fit(model, (x[:rows], {"label": labels[:rows], "id": ids
                             validation_data=(x[rows:], {"label": labels[rows:], "id": ids[rows:]}))
 try:
     chief = keras_distrib.cluster().is_chief
+    step = int(trainer_for(model).global_step.numpy())  # the batches trained, a resumed run's included
 except keras_distrib.strategies.NotInJobError:  # one process, outside a job: plain Keras
-    chief = True
+    chief, step = True, int(model.optimizer.iterations.numpy())
 if chief:
     model.save(workdir / "model.keras")
     probe = model.predict(x[rows:rows + 8], verbose=0)["label"]
-    print(json.dumps({"history": history.history, "probe": probe.tolist()}), flush=True)
+    print(json.dumps({"history": history.history, "probe": probe.tolist(), "step": step}), flush=True)

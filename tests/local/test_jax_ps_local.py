@@ -64,6 +64,7 @@ def test_the_tensorflow_ps_script_runs_unchanged_on_jax_exactly_and_resumes(tmp_
     assert job.wait() == 0, job.text()[-4000:]
     result = history_of(job)
     assert_exact(result["history"], epochs)
+    assert result["step"] == epochs * 32, result["step"]  # ROWS in batches of 32: 32 an epoch
     assert all(f"epoch {e}/{epochs}" in job.text() for e in range(1, epochs + 1)), job.text()[-3000:]
     alone = single_process(tmp_path / "alone", epochs)
     # The last two epochs' mean on each side: one epoch's value on 400 examples moves by points
@@ -90,6 +91,7 @@ def test_the_tensorflow_ps_script_runs_unchanged_on_jax_exactly_and_resumes(tmp_
     assert again.count(f"every one of the {epochs} epochs was done") == 1, again.text()[-3000:]
     # The History of a finished fit's rerun: every epoch's logs, kept with the checkpoint.
     assert history_of(again)["history"]["id_count"] == result["history"]["id_count"]
+    assert history_of(again)["step"] == epochs * 32
     assert not alive(job.seen | again.seen)
 
 
@@ -125,6 +127,7 @@ def test_a_killed_worker_then_a_preemption_then_a_resume_keep_every_epoch_exact(
     where = saved[0].split(" at ")[1].split(";")[0]  # "epoch 3, 200 of 376 batches into it"
     assert rerun.count(f"resuming from {tmp_path}/ckpt/jax-ps: {where}") == 1, (where, rerun.text()[-3000:])
     assert_exact(history_of(rerun)["history"], epochs, rows)
+    assert history_of(rerun)["step"] == epochs * 376
     assert not alive(rerun.seen)
     assert os.path.exists(tmp_path / "model.keras")
 
@@ -204,6 +207,7 @@ def test_a_frozen_worker_is_named_and_its_lost_node_continues_on_the_survivors_e
     assert found and int(found.group(2)) == int(found.group(1)) * 376 and int(found.group(1)) >= 2, lost
     assert job.count(f"resuming from {workdir}/ckpt/jax-ps: epoch {found.group(1)} done") == 1, job.text()[-3000:]
     assert_exact(history_of(job)["history"], epochs, rows)
+    assert history_of(job)["step"] == epochs * 376  # each batch once, the re-formed run's included
     assert not alive(job.seen)
 
 
@@ -252,4 +256,5 @@ def test_a_killed_ps_resumes_from_the_last_mid_epoch_checkpoint_exactly(tmp_path
     resumed = re.findall(r"resuming from \S+: epoch 2, (\d+) of 376 batches into it", job.text())
     assert len(resumed) == 1 and int(resumed[0]) >= 40, job.text()[-4000:]
     assert_exact(history_of(job)["history"], epochs, rows)
+    assert history_of(job)["step"] == epochs * 376  # each batch counted once, in the run resumed inside epoch 2
     assert not alive(job.seen)

@@ -68,6 +68,16 @@ class EpochTally:
         self.done.add(part.first)
 
 
+@dataclass(frozen=True)
+class StepCount:
+    """`AsyncJaxTrainer.global_step`: an int with the ``.numpy()`` of a step variable."""
+
+    value: int
+
+    def numpy(self) -> np.int64:
+        return np.int64(self.value)
+
+
 class AsyncJaxTrainer:
     """fit / evaluate / predict of one model in a ps layout on JAX (one per model)."""
 
@@ -81,10 +91,17 @@ class AsyncJaxTrainer:
         self.store: ParameterStore | None = None
         self.queues: Queues | None = None
         self.epoch_stats: list[dict[str, Any]] = []
+        self.folded_steps = 0  # the chief's: batches folded into the model, over every fit and resume
 
     @property
     def is_chief(self) -> bool:
         return self.strategy.info.is_chief
+
+    @property
+    def global_step(self) -> "StepCount":
+        """The batches the chief folded (each exactly once, a resumed run's included), read with
+        ``.numpy()`` as the TensorFlow trainers' step variable. 0 on a worker."""
+        return StepCount(self.folded_steps)
 
     def reset_functions(self) -> None:
         """Nothing to retrace: the part size is read at every fit."""
@@ -232,6 +249,7 @@ class Run:
         keeper = self.keeper = Keeper(checkpoint_dir, model, callbacks)
         resumed = keeper.restore()
         start = max(initial_epoch, 0 if resumed is None else resumed + 1)
+        self.trainer.folded_steps = start * self.num_batches
         if checkpoint_dir is not None:
             self.schedule = Schedule(interval_from_env(), 0)
         if resumed is not None:  # CSVLogger files continue, not restart
@@ -303,6 +321,7 @@ class Run:
             metric.reset_state()
         reset = [np.asarray(v.value) for v in model.metrics_variables]
         tally = self.tally = EpochTally.of(within, metric_state_size(model))
+        self.trainer.folded_steps = epoch * self.num_batches + tally.steps
         parts = [p for p in parts_of_epoch(self.run_id, epoch, self.num_batches, self.trainer.steps_per_execution,
                                            self.seed) if p.first not in tally.done]
         hand = EpochHandOut(self.queues, parts, self.live) if parts else None
@@ -312,6 +331,7 @@ class Run:
                 if part is None:
                     continue
                 tally.add(part, report)
+                self.trainer.folded_steps += part.batches
                 progress.tick(part.batches)
                 if self.schedule is not None and self.keeper is not None and self.schedule.due(tally.steps) \
                         and tally.steps < self.num_batches:
