@@ -1,8 +1,9 @@
 """Faults in combination on the real Slurm test cluster: seeded schedules, many faults per job.
 
-    python bench/chaos.py [--layouts ps-per-node,allreduce,jax] [--seeds 3 | --seed S]
+    python bench/chaos.py [--layouts ps-per-node,ps-jax,allreduce,jax] [--seeds 3 | --seed S]
                           [--faults 5] [--min-gap 5] [--span 90] [--smoke]
 
+``ps-jax`` is ps-per-node under ``KERAS_BACKEND=jax`` (the JAX ps trainer, the same fit.py).
 For each layout: one undisturbed job (the accuracy to match), then one job per seed through
 scripts/sbatch/elastic.sbatch on 3 nodes (--min-nodes 2 --requeue, heartbeat 10 s, hang
 timeout 15 s, a checkpoint every 2 s), with `_faults.draw_schedule`'s faults injected after
@@ -51,6 +52,29 @@ NAMED_BY = {
 }
 
 
+#: The harness's layout names that are another layout on another Keras backend: (layout, backend).
+ON_BACKEND = {"ps-jax": ("ps-per-node", "jax")}
+
+
+def launcher_layout(layout: str) -> str:
+    """The --layout a harness layout runs with."""
+    return ON_BACKEND.get(layout, (layout, ""))[0]
+
+
+def job_env(layout: str) -> dict[str, str]:
+    """The environment of a harness layout's job (sbatch exports it to the tasks)."""
+    env = {"LAYOUT": launcher_layout(layout), "JAX_PLATFORMS": "cpu"}
+    if layout in ON_BACKEND:
+        env["KERAS_BACKEND"] = ON_BACKEND[layout][1]
+    return env
+
+
+def runs_script(layout: str, task: str) -> bool:
+    """Whether ``task`` runs SCRIPT (else it is a TF server): every process in allreduce and
+    jax, the chief and the workers on the JAX ps trainer, the chief alone on the TF one."""
+    return task == "chief:0" or layout in ("allreduce", "jax") or (layout in ON_BACKEND and not task.startswith("ps:"))
+
+
 @dataclass
 class Run:
     """One job under one schedule, and what it showed."""
@@ -95,8 +119,7 @@ def victim(cluster, layout: str, fault: Fault) -> tuple[str, int | None]:
         task = f"ps:{index}"
     else:
         task = f"worker:{index}"
-    script = task == "chief:0" or layout in ("allreduce", "jax")
-    return task, task_pid(cluster, fault.node, task, script)
+    return task, task_pid(cluster, fault.node, task, runs_script(layout, task))
 
 
 def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: set[str]) -> None:
@@ -124,15 +147,16 @@ def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: s
             return
         os.kill(pid, signal.SIGKILL)
         argv = ["srun", f"--jobid={job}", "-N1", "-w", node, "--overlap", "python", "-m", "keras_distrib.slurm",
-                "--join", "--layout", run.layout, "--min-nodes", "2", "--requeue", *OPTIONS, *script_args(run, ck)]
+                "--join", "--layout", launcher_layout(run.layout), "--min-nodes", "2", "--requeue", *OPTIONS,
+                *script_args(run, ck)]
         with (work / f"join-{run.seed}-{node}.out").open("a") as sink:
-            cluster.popen("head", argv, cwd=work, stdout=sink, stderr=subprocess.STDOUT)
+            cluster.popen("head", argv, env=job_env(run.layout), cwd=work, stdout=sink, stderr=subprocess.STDOUT)
         run.injected[index] = f"kill-agent {node} (pid {pid}), --join agent started"
         return
     if kind == "kill-in-checkpoint":
-        before = {p.name for p in ck.glob("*")}
+        before = newest_file(ck)
         deadline = time.monotonic() + 30
-        while {p.name for p in ck.glob("*")} <= before and time.monotonic() < deadline:
+        while newest_file(ck) <= before and time.monotonic() < deadline:
             time.sleep(0.01)
     task, pid = victim(cluster, run.layout, fault)
     if pid is None:
@@ -146,6 +170,17 @@ def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: s
             os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:  # gone meanwhile (the watchdog restarts a process frozen past its timeout)
         pass
+
+
+def newest_file(directory: Path) -> float:
+    """The latest modification time of a file under ``directory`` (0: none): it grows as a checkpoint is written."""
+    times = []
+    for path in directory.rglob("*"):
+        try:
+            times.append(path.stat().st_mtime)
+        except OSError:  # replaced as it was read
+            continue
+    return max(times, default=0.0)
 
 
 def script_args(run: Run, ck: Path) -> list[str]:
@@ -174,9 +209,8 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
     out, ck = work / f"{name}.out", work / f"{name}-ck"
     argv = ["sbatch", "--parsable", "-N3", "--cpus-per-task=2", "-o", str(out), "--open-mode=append",
             str(REPO / "scripts" / "sbatch" / "elastic.sbatch"), *OPTIONS, *script_args(run, ck)]
-    job = int(cluster.head(argv, env={"LAYOUT": run.layout, "JAX_PLATFORMS": "cpu"}, cwd=work, check=True,
-                           timeout=60).stdout.split(";")[0])
-    saved = "training_metadata.json" if run.layout == "jax" else "ckpt-*"
+    job = int(cluster.head(argv, env=job_env(run.layout), cwd=work, check=True, timeout=60).stdout.split(";")[0])
+    saved = {"jax": "training_metadata.json", "ps-jax": "jax-ps/epoch.json"}.get(run.layout, "ckpt-*")
     cut: set[str] = set()
     threads = []
     deadline = time.monotonic() + timeout
@@ -246,7 +280,8 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
 
 def checkpoint_problems(directory: str | None) -> list[str]:
     """A checkpoint directory after the job: every ``ckpt-*`` readable (its meta.json and TF
-    index), their steps increasing with their names; a jax run's Keras backup readable JSON."""
+    index), their steps increasing with their names; a jax run's Keras backup readable JSON;
+    the JAX ps trainer's epoch.json readable JSON beside its weights."""
     from keras_distrib.checkpoints import CheckpointStore
 
     if not directory or not Path(directory).is_dir():
@@ -258,6 +293,13 @@ def checkpoint_problems(directory: str | None) -> list[str]:
     if len(readable) != len(named):
         problems.append(f"checkpoints without readable meta.json: {sorted(set(named) - {p.name for p, _ in readable})}")
     problems += [f"{path.name} has no TF checkpoint index" for path, _ in readable if not any(path.rglob("*.index"))]
+    for record in ck.rglob("epoch.json"):
+        try:
+            json.loads(record.read_text())
+        except ValueError:
+            problems.append(f"{record} is not JSON")
+        if not (record.parent / "model.weights.h5").is_file():
+            problems.append(f"{record} has no model.weights.h5 beside it")
     for backup in ck.rglob("training_metadata.json"):
         try:
             json.loads(backup.read_text())
@@ -320,7 +362,7 @@ def tally(runs: list[Run]) -> str:
 
 def main() -> None:
     p = parser(__doc__.splitlines()[0])
-    p.add_argument("--layouts", default="ps-per-node,allreduce,jax")
+    p.add_argument("--layouts", default="ps-per-node,ps-jax,allreduce,jax")
     p.add_argument("--seeds", type=int, default=3, help="seeds per layout, from a random base (default 3)")
     p.add_argument("--seed", type=int, default=None, help="replay this one seed")
     p.add_argument("--faults", type=int, default=5)

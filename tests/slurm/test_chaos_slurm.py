@@ -21,10 +21,10 @@ SEED = int(os.environ.get("KERAS_DISTRIB_CHAOS_SEED") or int.from_bytes(os.urand
 
 @pytest.mark.skipif(os.environ.get("KERAS_DISTRIB_CHAOS") != "1",
                     reason="KERAS_DISTRIB_CHAOS=1 runs it; it joins CI once bench/chaos.py's seeds pass (docs/faults.md)")
-@pytest.mark.parametrize("layout", ["ps-per-node", "allreduce", "jax"])
+@pytest.mark.parametrize("layout", ["ps-per-node", "ps-jax", "allreduce", "jax"])
 def test_a_short_chaos_schedule_ends_as_documented(slurm_cluster: SlurmTestCluster, tmp_path: Path,
                                                    layout: str) -> None:
-    if layout == "jax":
+    if layout in ("jax", "ps-jax"):
         pytest.importorskip("jax", reason="the [jax] extra is not installed")
     print(f"\nchaos seed {SEED} (KERAS_DISTRIB_CHAOS_SEED={SEED} replays it)")
     runs = chaos_runs(slurm_cluster, tmp_path, layout, [SEED], 3, span=25.0, min_gap=3.0, epochs=15,
