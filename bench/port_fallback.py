@@ -4,7 +4,8 @@
 
 Two agents on this machine (agent 0 and one other, each in its own thread) run the real
 start-up path of a job without --port-base: each checks which of the plan's blocks are free
-for its processes (`portblocks.free_blocks`: a bind probe per port and block), then the real
+for its processes and agent 0 claims them (`portblocks.claim_blocks`: a bind probe per port
+and block, and a claim socket per free block), then the real
 `form_job` (secret, hello, plan digest, start message). A: another job's agent 0 listens on
 the block's control port and a socket holds one of its TF ports, so agent 0 claims the
 first fallback and the other agent is greeted by the other job's agent 0 first, tells it so,
@@ -46,7 +47,7 @@ def free_job_id() -> JobInfo:
     for number in range(101, 600):
         job = JobInfo("slurm", str(number), ("localhost", "n2"), (1, 1))
         plan = build_plan(job, "ps-per-node")
-        if len(portblocks.free_blocks(plan, range(plan.processes[0].port, plan.control_port() + 2))) == 8:
+        if len(portblocks.claim_blocks(plan, range(plan.processes[0].port, plan.control_port() + 2), claim=False).free) == 8:
             return job
     raise SystemExit("no job id with free port blocks on this machine")
 
@@ -62,19 +63,22 @@ def form_once(job: JobInfo) -> float:
     def agent(i: int) -> None:
         began[i] = time.perf_counter()
         identity = Identity(i, 2, job.nodes[i], dict(enumerate(job.nodes)))
-        free = portblocks.free_blocks(plan, mine[i])
-        results[i] = form_job(identity, job, plan, OPTIONS, lambda _e: None, Quiet(), free)
+        # both 'nodes' are this machine: agent 0 claims its blocks, the other checks only
+        claims = portblocks.claim_blocks(plan, mine[i], claim=i == 0)
+        results[i] = (*form_job(identity, job, plan, OPTIONS, lambda _e: None, Quiet(), claims), claims)
         results[i] = (*results[i], time.perf_counter())
+
 
     leader = threading.Thread(target=agent, args=(0,))
     leader.start()
     time.sleep(START_GAP_S)
     agent(1)
     leader.join()
-    for channel, _plan, _t in results:
+    for channel, _plan, claims, _t in results:
         channel.close()
+        claims.close()
     assert results[0][1].cluster_spec() == results[1][1].cluster_spec()
-    return max(r[2] for r in results) - began[1]
+    return max(r[3] for r in results) - began[1]
 
 
 def median_ms(job: JobInfo, forms: int, taken: bool) -> float:

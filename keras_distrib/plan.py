@@ -389,7 +389,7 @@ def build_plan(
         slot = next_slot.get(host, 0)
         next_slot[host] = slot + 1
         port = block.base + slot
-        if block.size is not None and slot >= block.size - 1:  # the last port is the agents' control port
+        if block.size is not None and slot >= block.size - 1:  # the last: the control port, or a block's claim
             raise ClusterConfigError(
                 f"{host} needs more than the {block.size - 1} ports of {block.source}.",
                 "pass --port-base (or KERAS_DISTRIB_PORT_BASE) with a free range for this job.",

@@ -37,7 +37,7 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,7 @@ from . import control
 from . import requeue as requeue_job
 from .children import Child, describe_exit, shell_exit_code
 from .formation import Channel, Identity, SoloChannel, form_job
+from .portblocks import BlockClaims
 from .spec import LaunchSpec
 from .membership import Membership, MembershipPolicy
 from .messages import (
@@ -212,14 +213,14 @@ class Agent(MembershipPolicy):
 
     # -- the event loop ---------------------------------------------------------------
 
-    def run(self, free_blocks: Sequence[int] = ()) -> RunResult:
+    def run(self, claims: BlockClaims | None = None) -> RunResult:
         """Form the job, start this node's processes, handle events until the job ends.
 
-        ``free_blocks``: the plan's port blocks free for this node's processes
-        (`portblocks.free_blocks`), where the plan may move; () when its ports are fixed.
+        ``claims``: the plan's port blocks free for this agent's processes, claimed on its node
+        (`portblocks.claim_blocks`), where the plan may move; None when its ports are fixed.
         """
         try:
-            channel, plan = (self._join(), None) if self.spec.join else self.form(free_blocks)
+            channel, plan = (self._join(), None) if self.spec.join else self.form(claims)
         except control.ControlError as exc:
             hint = ("--join needs the job running, with the same options as its agents" if self.spec.join else
                     "start one agent per node (srun --ntasks-per-node=1)")
@@ -284,9 +285,9 @@ class Agent(MembershipPolicy):
         logging.getLogger(ROOT_LOGGER).addHandler(handler)
         return handler
 
-    def form(self, free_blocks: Sequence[int] = ()) -> tuple[Channel, Plan]:
+    def form(self, claims: BlockClaims | None = None) -> tuple[Channel, Plan]:
         """Connect the agents (formation.py): the channel, and the plan all agreed on."""
-        return form_job(self.identity, self.spec.job, self.plan, self.spec.options, self.post, self.log, free_blocks)
+        return form_job(self.identity, self.spec.job, self.plan, self.spec.options, self.post, self.log, claims)
 
     def _watch_startup(self) -> None:
         """Agent 0: report the TF servers that do not listen within the start-up timeout."""

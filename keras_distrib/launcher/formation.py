@@ -172,19 +172,23 @@ def form_job(
     options: Options,
     post: Callable[[Event], None],
     log: Any = logger,
-    free: Sequence[int] = (),
+    claims: portblocks.BlockClaims | None = None,
 ) -> tuple[Channel, Plan]:
     """Connect and authenticate the agents; check that all computed the same plan.
 
-    ``free``: the plan's port blocks free for this agent's processes on its node
-    (`portblocks.free_blocks`; () when the plan's ports are fixed). Returns the channel and
-    the plan to run (moved to another port block where the plan's is taken on a node,
-    readdressed with --interface). Raises ControlError naming what is missing.
+    ``claims``: the plan's port blocks free for this agent's processes, claimed on its node
+    (`portblocks.claim_blocks`; None when the plan's ports are fixed); the job's block's
+    claim is kept, the others dropped. Returns the channel and the plan to run (moved to
+    another port block where the plan's is taken on a node, readdressed with --interface).
+    Raises ControlError naming what is missing.
     """
     my_ip = interface_ipv4(options.interface, identity.node) if options.interface else None
+    free = claims.free if claims is not None else []
     if identity.num_agents == 1:
-        if free and free[0] != plan.processes[0].port:
-            plan = _moved(job, plan, free[0], [identity.node], log)
+        if claims is not None and free:
+            claims.keep(free[0])
+            if free[0] != plan.processes[0].port:
+                plan = _moved(job, plan, free[0], [identity.node], log)
         return SoloChannel(), readdressed(job, plan, {n: my_ip for n in plan.nodes}) if my_ip else plan
     try:
         secret, secret_file = control.job_secret(plan.scheduler, plan.job_id, os.environ)
@@ -195,7 +199,10 @@ def form_job(
             "in the job script"
         ) from None
     if identity.leader:
-        return _lead(identity, job, plan, options, post, log, free, secret, secret_file, my_ip)
+        channel, plan = _lead(identity, job, plan, options, post, log, free, secret, secret_file, my_ip)
+        if claims is not None:
+            claims.keep(plan.processes[0].port)
+        return channel, plan
     hello = Hello(identity.agent_id, identity.node, my_ip, plan_digest(plan), list(free) if plan.port_fallbacks else None)
     first, ports = plan.processes[0].node, portblocks.control_ports(plan)
     client = control.ControlClient(first, ports[0], to_wire(hello), options.startup_timeout, secret,
@@ -210,6 +217,8 @@ def form_job(
         raise control.ControlError(f"the agent on {first} went away before the job started")
     if message.ports is not None:
         plan = moved_plan(plan, job, message.ports)
+    if claims is not None:
+        claims.keep(plan.processes[0].port)
     if message.hosts:
         plan = readdressed(job, plan, message.hosts)
     return FollowerChannel(client, post), plan

@@ -19,7 +19,7 @@ from .agent import Agent
 from .interfaces import interface_ipv4
 from .isolation import IsolationUnavailable, isolate_network
 from .options import Options
-from .portblocks import free_blocks
+from .portblocks import claim_blocks
 from .prestart import require_free_ports, require_protocol
 from .spec import LaunchSpec, identity_for
 
@@ -81,8 +81,11 @@ def launch(spec: LaunchSpec) -> int:
     if not spec.plan.port_fallbacks:
         require_free_ports(ports, job.node)
         return agent.run().code
-    free = free_blocks(spec.plan, ports)
-    if not free:  # the job-id block and every fallback: name the first block's taken ports
-        require_free_ports(ports, job.node, "Nor are they free in any fallback block (first ports "
-                                            f"{', '.join(map(str, spec.plan.port_fallbacks))}).")
-    return agent.run(free).code
+    claims = claim_blocks(spec.plan, ports, claim=spec.mode == "agent")  # per-role: a node's agents are one job
+    try:
+        if not claims.free:  # the job-id block and every fallback: name the first block's taken ports
+            require_free_ports(ports, job.node, "Nor are they free in any fallback block (first ports "
+                                                f"{', '.join(map(str, spec.plan.port_fallbacks))}).")
+        return agent.run(claims).code
+    finally:
+        claims.close()

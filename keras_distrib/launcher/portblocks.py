@@ -4,17 +4,25 @@ A job's ports come from its job id (`plan.derive_port_base`), so two jobs whose 
 equal modulo 500 want the same block. Where the plan's ports are not fixed (no
 --port-base, no ports reserved by the scheduler), every agent checks before anything
 starts which of the plan's block and its fallbacks (`Plan.port_fallbacks`) are free for
-its own processes on its node, and says so in its hello. Agent 0 listens on the control
-port of the first block free for itself (holding a block's control port is what claims
-the block: two jobs cannot both hold it), then picks the first block from there that is
-free on every node, and the start message tells the others where the job moved.
+its own processes on its node, claims each of them on its node (`claim_blocks`), and says
+which in its hello. Agent 0 listens on the control port of the first block free for
+itself, then picks the first block from there that is free on every node; the start
+message tells the others where the job moved, and each agent keeps the claim of that block
+for the job's life and drops the others.
+
+A claim is a socket bound, without SO_REUSEADDR and without listening, to the block's last
+port, which no process of a plan uses (`claim_port`). While one agent holds it, no other
+socket can bind that port on that node (Linux lets two sockets share a port only when both
+ask to), so two jobs that share a node can never both find the same block free there, even
+when they start at the same moment; and a connection to it is refused at once.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 
-from ..plan import Plan
+from ..plan import PORT_BLOCK, Plan
 from .messages import Hello
 from .prestart import taken_port
 
@@ -40,10 +48,69 @@ def control_ports(plan: Plan) -> tuple[int, ...]:
     return tuple(shifted(port, plan, base) for base in blocks(plan))
 
 
-def free_blocks(plan: Plan, ports: Iterable[int]) -> list[int]:
-    """The plan's blocks (`blocks`) in which all of this agent's ``ports`` are free on this node."""
+def claim_port(base: int) -> int:
+    """The port that claims the block at ``base`` on a node: its last (a host's processes use
+    at most the ports before it, `plan.build_plan`)."""
+    return base + PORT_BLOCK - 1
+
+
+class BlockClaims:
+    """This agent's claims (`claim_port`) on the blocks free for its processes on its node."""
+
+    def __init__(self, held: Mapping[int, socket.socket | None]) -> None:
+        """``held``: each free block's claim (None: not claimed, e.g. an agent's own port there)."""
+        self._held = dict(held)
+
+    @classmethod
+    def unclaimed(cls, bases: Iterable[int]) -> "BlockClaims":
+        return cls({base: None for base in bases})
+
+    @property
+    def free(self) -> list[int]:
+        """The free blocks, in the order they are tried."""
+        return list(self._held)
+
+    def keep(self, base: int) -> None:
+        """Hold the claim of ``base`` (the job's block) only."""
+        for other, sock in list(self._held.items()):
+            if other != base and sock is not None:
+                sock.close()
+                self._held[other] = None
+
+    def close(self) -> None:
+        for sock in self._held.values():
+            if sock is not None:
+                sock.close()
+
+
+def _claim(port: int) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)  # no SO_REUSEADDR: the port is this socket's alone
+    try:
+        sock.bind(("", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def claim_blocks(plan: Plan, ports: Iterable[int], claim: bool = True) -> BlockClaims:
+    """The plan's blocks (`blocks`) in which all of this agent's ``ports`` are free on this node,
+    each claimed (``claim`` False: checked only, another job's claim included, for the agents
+    that share a node in one job)."""
     wanted = list(ports)
-    return [base for base in blocks(plan) if not any(taken_port(shifted(p, plan, base)) for p in wanted)]
+    held: dict[int, socket.socket | None] = {}
+    for base in blocks(plan):
+        mine = [shifted(p, plan, base) for p in wanted]
+        if any(taken_port(p) for p in mine):
+            continue
+        if claim_port(base) in mine:  # an agent's own process or control port takes it
+            held[base] = None
+        elif not claim:  # free unless another job's agent claimed it here
+            if not taken_port(claim_port(base)):
+                held[base] = None
+        elif (sock := _claim(claim_port(base))) is not None:  # else another job's agent holds it here
+            held[base] = sock
+    return BlockClaims(held)
 
 
 def block_for_all(plan: Plan, claimed: int, mine: Sequence[int], hellos: Mapping[int, Hello]) -> list[int]:

@@ -97,7 +97,8 @@ def form_all(job: JobInfo, agents: list[Any], free: list[list[int]], logs: list[
     def form(i: int) -> None:
         identity, plan = agents[i]
         try:
-            results[i] = form_job(identity, job, plan, OPTIONS, lambda _e: None, Log(), free[i])
+            results[i] = form_job(identity, job, plan, OPTIONS, lambda _e: None, Log(),
+                                  portblocks.BlockClaims.unclaimed(free[i]))
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             results[i] = exc
 
@@ -115,7 +116,7 @@ def free_job_id() -> str:
         plan = build_plan(JobInfo("slurm", str(number), ("localhost", "n2"), (1, 1)), "allreduce")
         every = [portblocks.shifted(p, plan, base) for base in portblocks.blocks(plan)
                  for p in range(plan.processes[0].port, plan.control_port() + 2)]
-        if not any(portblocks.taken_port(p) for p in every):
+        if not any(portblocks.taken_port(p) for p in every + [portblocks.claim_port(b) for b in portblocks.blocks(plan)]):
             return str(number)
     raise AssertionError("no job id with free port blocks on this machine")
 
@@ -140,7 +141,8 @@ def test_another_jobs_agent_0_on_the_control_port_moves_the_job(tmp_path: Path, 
     try:
         ports = [{p.port for p in plan.processes if p.node == node} for node in job.nodes]
         ports[0].add(plan.control_port())
-        free = [portblocks.free_blocks(plan, mine) for mine in ports]
+        # both 'nodes' are this machine: checked, not claimed (a claim would hide each from the other)
+        free = [portblocks.claim_blocks(plan, mine, claim=False).free for mine in ports]
         assert free[0] == list(plan.port_fallbacks) and free[1] == list(portblocks.blocks(plan))
         results = form_all(job, agents, free, logs)
         try:
@@ -222,3 +224,26 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_a_claim_keeps_another_jobs_agent_off_the_block_on_this_node_until_it_is_dropped() -> None:
+    """Two jobs with the same blocks on one node: the agent that claims first has them all; the
+    other finds none free, even though no process listens yet. Once the first keeps only its
+    job's block, the others are free again; a connection to a claim is refused at once."""
+    plan = build_plan(JobInfo("slurm", free_job_id(), ("localhost", "n2"), (1, 1)), "allreduce")
+    mine = [p.port for p in plan.processes if p.node == "n2"]
+    first = portblocks.claim_blocks(plan, mine)
+    try:
+        assert first.free == list(portblocks.blocks(plan))
+        assert portblocks.claim_blocks(plan, mine).free == []  # the other job's agent, a moment later
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", portblocks.claim_port(first.free[0])), timeout=5)
+        first.keep(first.free[2])
+        other = portblocks.claim_blocks(plan, mine)
+        assert other.free == [b for b in portblocks.blocks(plan) if b != first.free[2]]
+        other.close()
+        # the agents of one job on one node (one task per process) check without claiming
+        assert portblocks.claim_blocks(plan, mine, claim=False).free == [b for b in portblocks.blocks(plan)
+                                                                         if b != first.free[2]]
+    finally:
+        first.close()
