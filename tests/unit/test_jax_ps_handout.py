@@ -4,6 +4,7 @@ a restarted worker's taken parts go out again, and the plan runs SCRIPT on the J
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -144,3 +145,38 @@ def test_the_backend_with_an_explicit_layout_is_honoured_or_refused(layout: str,
     else:
         check_backend(layout, env)
     assert ps_backend("allreduce", env) == "tensorflow"
+
+
+def test_a_late_worker_counts_its_share_of_the_steps_before_it_and_never_counts_back() -> None:
+    """A worker's optimizer iteration count at its first part (`resumed_iterations`): its share of
+    the batches before that part, so Adam's bias correction and a schedule go on where a worker
+    running from the start would be; raised only (a second fit goes on counting). The compiled
+    step runs under KERAS_BACKEND=jax, in a process of its own."""
+    pytest.importorskip("jax", reason="the [jax] extra is not installed")
+    import subprocess
+    import sys
+
+    from keras_distrib.trainers.jax_ps.steps import resumed_iterations
+
+    assert resumed_iterations(0, 0, 376, 2) == 0
+    assert resumed_iterations(1, 160, 376, 2) == (376 + 160) // 2
+    assert resumed_iterations(3, 7, 63, 1) == 3 * 63 + 7
+    check = """
+import keras, numpy as np
+from keras_distrib.trainers.jax_ps.steps import LocalSteps
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+model.compile(keras.optimizers.Adam(1e-2), "mse")
+model.optimizer.build(model.trainable_variables)
+steps = LocalSteps(model)
+at = [i for i, v in enumerate(model.optimizer.variables) if v is model.optimizer.iterations][0]
+state = steps.with_iterations(steps.initial_state(), 268)
+x, y = np.ones((8, 4), "float32"), np.zeros((8, 2), "float32")
+after = steps.run(state, [(x, y), (x, y)])
+print(int(np.asarray(state[2][at])), int(np.asarray(after[2][at])), int(np.asarray(steps.with_iterations(after, 5)[2][at])))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERAS_DISTRIB_")}
+    out = subprocess.run([sys.executable, "-c", check], env={**env, "KERAS_BACKEND": "jax"}, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # set to 268; the compiled step counts on from there; never lowered
+    assert out.stdout.split()[-3:] == ["268", "270", "270"], out.stdout

@@ -83,6 +83,16 @@ class LocalSteps:
         split = self.trainable + self.layer_state
         return flat[: self.trainable], flat[self.trainable:split], flat[split:], list(self.metrics_reset)
 
+    def with_iterations(self, state: Any, count: int) -> tuple[list[Any], ...]:
+        """``state`` with the optimizer's iteration count raised to ``count`` (`resumed_iterations`;
+        never lowered: a second ``fit`` goes on counting, as in Keras)."""
+        optimizer = self.model.optimizer
+        at = next(i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations)
+        variables = list(state[2])
+        current = np.asarray(variables[at])
+        variables[at] = np.asarray(max(int(current), count), current.dtype)
+        return state[0], state[1], variables, state[3]
+
     def metric_states(self, state: Any) -> np.ndarray:
         """The part's metric states, less their reset values, flat (the chief sums them)."""
         parts = [np.asarray(v, np.float64).ravel() - np.asarray(r, np.float64).ravel()
@@ -94,6 +104,15 @@ class LocalSteps:
         for batch in batches:
             state = self._step(state, batch)
         return state
+
+
+def resumed_iterations(epoch: int, first: int, num_batches: int, workers: int) -> int:
+    """A worker's optimizer iteration count at the first part it takes (batch ``first`` of
+    ``epoch``): its share of the batches before it. A worker that starts late (restarted, or
+    every process resumed from a checkpoint) thus counts as one that ran from the start: its
+    count drives Adam's bias correction and learning-rate schedules, and from zero again its
+    steps were about 0.15x to 0.3x their size for a thousand steps."""
+    return (epoch * num_batches + first) // max(1, workers)
 
 
 def metric_state_size(model: Any) -> int:

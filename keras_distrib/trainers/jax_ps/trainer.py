@@ -26,7 +26,9 @@ from .._common import TrainerError
 from ..base import fit_sources
 from .inputs import EpochInput, batch_rows, epoch_input
 from .handout import DONE, HELLO, STARTED, STOP, EpochHandOut, Part, Queues, Report, parts_of_epoch
-from .steps import LocalSteps, delta_scales, flat_variables, held_indices, metric_state_size, set_metric_states
+from .steps import (
+    LocalSteps, delta_scales, flat_variables, held_indices, metric_state_size, resumed_iterations, set_metric_states,
+)
 from .store import ParameterStore, slots_for
 
 logger = logging.getLogger(__name__)
@@ -211,8 +213,13 @@ class Run:
         size = metric_state_size(self.trainer.model)
         me, pid = info.index, os.getpid()
         self.queues.report(0, HELLO, me, pid, report_size=size)
+        counted = False
         while (part := self.queues.next_part(me)).epoch != STOP:
             self.queues.report(part.run, STARTED, me, pid, part.epoch, part.first, report_size=size)
+            if not counted:
+                counted = True
+                state = steps.with_iterations(state, resumed_iterations(part.epoch, part.first, self.num_batches,
+                                                                        self.trainer.strategy.num_workers))
             batches = self.data.batches(part.epoch, part.seed, part.first, part.batches)
             state = steps.run(state, batches)
             values = self.store.push_pull([(new - old) * scale for new, old, scale
