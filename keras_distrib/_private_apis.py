@@ -93,6 +93,33 @@ def write_backups_to(callback: Any, directory: str) -> None:
     callback._prev_training_metadata_path = f"{callback._training_metadata_path}.bkp"
 
 
+def save_backups_whole(callback: Any) -> None:
+    """Make a ``keras.callbacks.BackupAndRestore`` replace its files whole: each save is written
+    to ``backup_dir/.writing`` and moved over the old files (weights first, then the epoch), so
+    a process killed while it saves leaves the previous backup whole.
+
+    Upstream: ``BackupAndRestore._save_model`` writes ``latest.weights.h5`` in place; a chief
+    stopped during that write (a re-forming job stops every process) left a file that no
+    process could open ("bad object header version number") and the job failed at its restart.
+    """
+    import os
+
+    save = callback._save_model
+    final = callback.backup_dir
+
+    def save_whole() -> None:
+        writing = os.path.join(final, ".writing")
+        write_backups_to(callback, writing)
+        try:
+            save()
+            for name in (os.path.basename(callback._weights_path), os.path.basename(callback._training_metadata_path)):
+                os.replace(os.path.join(writing, name), os.path.join(final, name))
+        finally:
+            write_backups_to(callback, final)
+
+    callback._save_model = save_whole
+
+
 def server_runtime() -> tuple[Any, Any, Any]:
     """``(Server, ClusterSpec, list_physical_devices)`` for a process that only serves.
 

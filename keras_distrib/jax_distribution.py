@@ -96,8 +96,8 @@ def backup_and_restore(backup_dir: str, **kwargs: Any) -> Any:
     """Keras' ``BackupAndRestore`` for the jax layouts: resume a killed or requeued job.
 
     Every process reads the job's backup in ``backup_dir`` (so all resume at the same epoch)
-    and saves at every epoch end (a collective on JAX), but only process 0 writes there; the
-    others write to their private scratch directory. ``kwargs`` go to ``BackupAndRestore``
+    and saves at every epoch end (a collective on JAX), but only process 0 writes there, each
+    file replaced whole; the others write to their private scratch directory. ``kwargs`` go to ``BackupAndRestore``
     (``save_freq``, ``double_checkpoint``, ``delete_checkpoint``).
     """
     import keras
@@ -109,7 +109,9 @@ def backup_and_restore(backup_dir: str, **kwargs: Any) -> Any:
             epoch = _private_apis.initial_epoch(self.model)
             if info.is_chief and epoch:
                 logger.info(f"resuming from {self.backup_dir} (epoch {epoch} done).")
-            if not info.is_chief:
+            if info.is_chief:
+                _private_apis.save_backups_whole(self)  # a process stopped mid-save leaves the last backup whole
+            else:
                 _private_apis.write_backups_to(self, os.path.join(_scratch_dir(), "backup"))
 
     return JobBackupAndRestore(backup_dir, **kwargs)
