@@ -52,7 +52,7 @@ NAMED_BY = {
     "cut-link": r"lost {node}|lost contact with the first node's agent",
     "cut-link-for-good": r"lost {node}|lost contact with the first node's agent",
     "kill-agent": r"lost {node}|the agent on {node} disconnected unexpectedly",
-    "preempt": r"requeued job|checkpoint.*(preempt|SIGUSR1|time limit)",
+    "preempt": r"requeued job|checkpoint.*(preempt|SIGUSR1|time limit)|got a time-limit or preemption warning",
 }
 
 

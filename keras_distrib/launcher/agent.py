@@ -515,6 +515,9 @@ class Agent(MembershipPolicy):
             signum = signal.SIGUSR1
         self.processes.forward(signum)
         if signum == signal.SIGUSR1:
+            if self.identity.leader:  # a warning that comes once training is done changes nothing: say it came
+                self.log.info("got a time-limit or preemption warning (SIGUSR1); passed on to SCRIPT, which saves a "
+                              "checkpoint and stops if it is still training.")
             return
         self.status.interrupted = signum
         self.log.info(f"got {signal.Signals(signum).name}; forwarded to this node's processes.")
