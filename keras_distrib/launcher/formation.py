@@ -203,7 +203,9 @@ def form_job(
         if claims is not None:
             claims.keep(plan.processes[0].port)
         return channel, plan
-    hello = Hello(identity.agent_id, identity.node, my_ip, plan_digest(plan), list(free) if plan.port_fallbacks else None)
+    # None: this agent did not check (its ports are fixed, or no claims were made): it restricts no block
+    offered = list(free) if plan.port_fallbacks and claims is not None else None
+    hello = Hello(identity.agent_id, identity.node, my_ip, plan_digest(plan), offered)
     first, ports = plan.processes[0].node, portblocks.control_ports(plan)
     client = control.ControlClient(first, ports[0], to_wire(hello), options.startup_timeout, secret,
                                    options.heartbeat_timeout, job=portblocks.job_tag(plan), also_at=ports[1:])
