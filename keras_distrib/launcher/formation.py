@@ -241,20 +241,20 @@ def _lead(identity: Identity, job: JobInfo, plan: Plan, options: Options, post: 
                 f"the plan computed on {control.first_few(others[a] for a in differ)} differs from this node's "
                 "(different options or job variables on those nodes?)"
             )
-        base = _block_for_all(plan, claimed, free, identity.node, hellos, server) if plan.port_fallbacks else None
+        # No claims (ports fixed, or no checks made here): the plan's own block.
+        base = (_block_for_all(plan, claimed, free, identity.node, hellos, server) if plan.port_fallbacks and free
+                else plan.processes[0].port)
     except (control.ControlError, ClusterConfigError):
         channel.close()
         raise
-    if base is not None and base != plan.processes[0].port:
-        taken = portblocks.taken_on(plan, plan.processes[0].port, free, identity.node, hellos)
-        plan = _moved(job, plan, base, taken, log)
-    else:
-        base = None
-    start = Start(ports=base)
-    if my_ip:
-        start = Start(hosts={h.node: h.ip for h in hellos.values()} | {identity.node: my_ip}, ports=base)
-        plan = readdressed(job, plan, start.hosts or {})
-    channel.to_all(start)
+    moved_to = base if base != plan.processes[0].port else None
+    if moved_to is not None:
+        plan = _moved(job, plan, moved_to, portblocks.taken_on(plan, plan.processes[0].port, free, identity.node,
+                                                               hellos), log)
+    hosts = {h.node: h.ip for h in hellos.values()} | {identity.node: my_ip} if my_ip else None
+    if hosts:
+        plan = readdressed(job, plan, hosts)
+    channel.to_all(Start(hosts=hosts, ports=moved_to))
 
     def deliver(report: control.PeerReport) -> None:
         event = peer_event(report)
