@@ -1,7 +1,7 @@
 """Faults in combination on the real Slurm test cluster: seeded schedules, many faults per job.
 
     python bench/chaos.py [--layouts ps-per-node,ps-jax,allreduce,jax] [--seeds 3 | --seed S]
-                          [--faults 5] [--min-gap 5] [--span 90] [--smoke]
+                          [--faults 5] [--min-gap 5] [--span 90] [--reference ACC] [--prefix P] [--smoke]
 
 ``ps-jax`` is ps-per-node under ``KERAS_BACKEND=jax`` (the JAX ps trainer, the same fit.py).
 For each layout: one undisturbed job (the accuracy to match), then one job per seed through
@@ -280,6 +280,8 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
     if procs or any(ports.values()):
         run.problems.append(f"left running: {procs} {ports}")
     run.result["errors"] = len(error_lines(text))
+    # Not a failure when the job recovered, but kept: the stacks of a crash inside TensorFlow.
+    run.result["crashes"] = re.findall(r"Fatal Python error: ([\w ]+)", text)
 
 
 def checkpoint_problems(directory: str | None) -> list[str]:
@@ -343,9 +345,10 @@ def chaos_runs(cluster, work: Path, layout: str, seeds: list[int], count: int, *
         for index in sorted(run.injected):
             print(f"  injected: {run.injected[index]}", flush=True)
         verdict = "ok" if not run.problems else "FAILED: " + "; ".join(run.problems)
+        crashes = run.result.get("crashes")
         print(f"seed {seed} {layout}: {len(faults)} faults, step {run.result.get('step')}, accuracy "
-              f"{run.result.get('accuracy')}: {verdict}", flush=True)
-        if run.problems:
+              f"{run.result.get('accuracy')}{f', crashes {crashes}' if crashes else ''}: {verdict}", flush=True)
+        if run.problems or crashes:
             out.mkdir(parents=True, exist_ok=True)
             (out / f"chaos-{layout}-{seed}.out").write_text(text)
     return runs
@@ -373,6 +376,9 @@ def main() -> None:
     p.add_argument("--min-gap", type=float, default=5.0, help="seconds between two faults (0: during a recovery)")
     p.add_argument("--span", type=float, default=60.0, help="seconds the faults spread over")
     p.add_argument("--epochs", type=int, default=40, help="epochs of 200 steps (jax: of 60): longer than the faults")
+    p.add_argument("--reference", type=float, default=None,
+                   help="the undisturbed accuracy to match (default: one undisturbed job per layout measures it)")
+    p.add_argument("--prefix", default="kdchaos", help="the test cluster's name prefix (two runs at once need two)")
     args = p.parse_args()
     from slurm_cluster import SlurmTestCluster
 
@@ -383,12 +389,12 @@ def main() -> None:
     seeds = [base] if args.seed is not None else [base + i for i in range(1 if args.smoke else args.seeds)]
     runs: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="chaos-") as tmp, \
-            SlurmTestCluster(Path(tmp) / "cluster", prefix="kdchaos") as cluster:
+            SlurmTestCluster(Path(tmp) / "cluster", prefix=args.prefix) as cluster:
         work = Path(tmp) / "work"
         work.mkdir()
         for layout in args.layouts.split(","):
             runs += chaos_runs(cluster, work, layout, seeds, 2 if args.smoke else args.faults, span=args.span,
-                               min_gap=args.min_gap, epochs=args.epochs, out=args.out)
+                               min_gap=args.min_gap, epochs=args.epochs, out=args.out, reference=args.reference)
     print(tally(runs))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "chaos.json").write_text(json.dumps(

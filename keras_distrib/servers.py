@@ -5,6 +5,7 @@ Reads its task and the cluster as contract.py says, serves until killed. The age
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -45,6 +46,9 @@ def _exit_later(signum: int, _frame: object) -> None:
 
 
 def main() -> None:
+    # A crash inside TensorFlow's C++ (SIGSEGV, SIGABRT) then leaves its Python stacks in the
+    # server's log instead of nothing.
+    faulthandler.enable()
     # The agent forwards SIGUSR1 to every child so scripts can checkpoint on it; a server
     # must survive it (its default action would kill the process).
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -43,6 +43,7 @@ def make_model():
     return model
 
 
+keras.utils.set_random_seed(0)  # the same initial weights in every run, alone or distributed
 rng = np.random.default_rng(0)
 x = rng.normal(size=(rows + 400, 16)).astype("float32")
 labels = (x[:, :4].sum(axis=1) > 0).astype("int32")
