@@ -37,9 +37,13 @@ sys.path.insert(0, str(REPO / "tests" / "slurm"))
 
 NODES = ("n1", "n2", "n3")
 HANG_TIMEOUT = 15.0
+HEARTBEAT_TIMEOUT = 10.0
+#: A link cut this long before the job stops (a requeue, its end) may go unnoticed: the
+#: agents stop before the heartbeat timeout, and the harness brings the node back.
+UNNOTICED_CUT = HEARTBEAT_TIMEOUT + 5.0
 # --max-restarts 10: a schedule of 5 process faults must not spend the budget (3 by default;
 # a spent budget ends the job by design, which is not what the harness is after).
-OPTIONS = ["--heartbeat-timeout", "10", "--hang-timeout", str(HANG_TIMEOUT), "--checkpoint-every", "2s",
+OPTIONS = ["--heartbeat-timeout", str(int(HEARTBEAT_TIMEOUT)), "--hang-timeout", str(HANG_TIMEOUT), "--checkpoint-every", "2s",
            "--max-restarts", "10"]
 #: What names each kind of fault in the job's output (a regex, given the fault's node).
 NAMED_BY = {
@@ -126,19 +130,20 @@ def victim(cluster, layout: str, fault: Fault) -> tuple[str, int | None]:
     return task, task_pid(cluster, fault.node, task, runs_script(layout, task))
 
 
-def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: set[str]) -> None:
-    """Do fault ``index`` of the run's schedule now; record what was done in ``run.injected``."""
+def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: dict[str, tuple[int, float]]) -> None:
+    """Do fault ``index`` of the run's schedule now; record what was done in ``run.injected``
+    (``cut``: the nodes whose link is down, with the fault's index and when it was cut)."""
     fault = run.faults[index]
     kind, node = fault.kind, fault.node
     if kind in ("cut-link", "cut-link-for-good"):
         run.injected[index] = f"{kind} {node}"
         cluster.set_link(node, up=False)
-        cut.add(node)
+        cut[node] = (index, time.monotonic())
         if kind == "cut-link":
             time.sleep(fault.seconds)
             if node in cut:  # not brought back meanwhile by a requeue
                 cluster.set_link(node, up=True)
-                cut.discard(node)
+                cut.pop(node, None)
         return
     if kind == "preempt":
         cluster.head(["scancel", "--batch", "--signal=USR1", str(job)], timeout=30)
@@ -215,7 +220,7 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
             str(REPO / "scripts" / "sbatch" / "elastic.sbatch"), *OPTIONS, *script_args(run, ck)]
     job = int(cluster.head(argv, env=job_env(run.layout), cwd=work, check=True, timeout=60).stdout.split(";")[0])
     saved = {"jax": "training_metadata.json", "ps-jax": "jax-ps/epoch.json"}.get(run.layout, "ckpt-*")
-    cut: set[str] = set()
+    cut: dict[str, tuple[int, float]] = {}
     threads = []
     deadline = time.monotonic() + timeout
     try:
@@ -237,7 +242,10 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
             if state != "RUNNING" and cut:
                 for node in list(cut):  # a requeued (or ending) job waits for its nodes: bring them back
                     cluster.set_link(node, up=True)
-                    cut.discard(node)
+                    index, when = cut.pop(node)
+                    if time.monotonic() - when < UNNOTICED_CUT:
+                        run.injected[index] += (f" (the job stopped {time.monotonic() - when:.0f} s later, {state}: "
+                                                "may go unnoticed)")
             if state not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "CONFIGURING", "REQUEUE_HOLD", "SUSPENDED"):
                 break
             time.sleep(0.5)
@@ -271,7 +279,7 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
         run.problems.append(f"accuracy {row.get('accuracy'):.3f}, more than a point under {reference:.3f}")
     for index, fault in enumerate(run.faults):
         done = run.injected.get(index, "skipped: never injected")
-        if "skipped" in done or (fault.kind == "freeze" and fault.seconds < HANG_TIMEOUT + 5):
+        if "skipped" in done or "unnoticed" in done or (fault.kind == "freeze" and fault.seconds < HANG_TIMEOUT + 5):
             continue
         if not re.search(NAMED_BY[fault.kind].format(node=fault.node), text):
             run.problems.append(f"no line names {fault.kind} on {fault.node}")

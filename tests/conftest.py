@@ -37,7 +37,7 @@ def work_unit(nodeid: str) -> str:
 UNIT_SECONDS = {
     "tests/local/test_exact_epochs.py": 470,
     "tests/local/test_metric_contract.py": 700,
-    "real-clusters": 500,
+    "real-clusters": 1300,
     "tests/local/test_bench_smoke.py": 400,
     "tests/local/test_ps_trainer.py": 380,
     "tests/local/test_custom_steps.py": 230,
@@ -65,9 +65,17 @@ FAST_IMPORTS = Path(__file__).parent / "fast_imports"
 def pytest_configure(config: pytest.Config) -> None:
     """Every process the suite starts (xdist's workers, launchers, jobs) inherits
     ``fast_imports/sitecustomize.py``: ``import tensorflow, keras`` at half its CPU cost."""
+    # One chaos seed per run (tests/slurm/test_chaos_slurm.py), drawn here so xdist's workers
+    # inherit it and the header names it.
+    os.environ.setdefault("KERAS_DISTRIB_CHAOS_SEED", str(int.from_bytes(os.urandom(3), "big")))
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(FAST_IMPORTS) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAST_IMPORTS), *paths]))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = os.environ["KERAS_DISTRIB_CHAOS_SEED"]
+    return f"chaos seed: {seed} (KERAS_DISTRIB_CHAOS_SEED={seed} replays tests/slurm/test_chaos_slurm.py's schedules)"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
