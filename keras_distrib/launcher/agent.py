@@ -63,7 +63,7 @@ from .messages import (
 from .mechanism import Processes, SchedulerCalls, ThreadTimers, Timers
 from .restarts import RestartCount, restart_line, restart_targets
 from .states import TRANSITIONS, Generation, RunResult, RunStatus, State
-from .watchdog import HangGuard, default_stacks_dir
+from .watchdog import HangGuard, default_stacks_dir, lost_connection
 from .workers import ChildSettings, Launch, LocalProcesses
 
 logger = logging.getLogger(__name__)
@@ -314,10 +314,8 @@ class Agent(MembershipPolicy):
                 self._on_join_due()
             case Rejoined(channel):
                 self._on_rejoined(channel)
-            case FailureDue(reason, code, number):
-                if number == self.status.generation.number:  # else: a re-forming since explained it
-                    self.log.error(f"{reason}; no node was lost meanwhile; stopping the job.")
-                    self._stop(code, reason)
+            case FailureDue():
+                self._on_failure_due(event)
             case RejoinFailed(reason):
                 self.log.warning(f"cannot rejoin the job: {reason}; stopping.")
                 self._stop(0)
@@ -378,8 +376,11 @@ class Agent(MembershipPolicy):
             self.fail(f"{child.label} stopped with exit code {code}: its setup is wrong, as its line above says. "
                       "HINT: fix what that line names; a restart would stop the same way", code)
             return
+        lost = lost_connection(child.tail) if child.runs_script and code > 0 else None
+        # Not SCRIPT's end: a JAX ps worker's error, or a lost connection (with --min-nodes, agent 0
+        # first waits to see whether a lost node explains it).
         fault = (code > 0 and code != PREEMPTED_EXIT_CODE and not self.status.interrupted
-                 and self.plan.restarts_on_error(child.proc))  # not SCRIPT's end
+                 and (self.plan.restarts_on_error(child.proc) or (lost is not None and not self._elastic())))
         # A script that died of the SIGUSR1 it was sent (no checkpoint_dir, no handler) stopped on request.
         if self._leader_decides() and (not child.runs_script or (code < 0 and code != -signal.SIGUSR1) or fault):
             self._on_death(child, code)
@@ -407,7 +408,9 @@ class Agent(MembershipPolicy):
             self._on_hung(culprit, what + f" ({child.label} exited with {describe_exit(code)} because of it)")
             return
         if child.runs_script and self._elastic():
-            self._script_failed(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
+            after = f" after a lost connection ({lost})" if lost else ""
+            self._script_failed(f"{child.label} exited unexpectedly with {describe_exit(code)}{after}",
+                                shell_exit_code(code) or 1, child.proc.name if lost else "")
             return
         self.fail(f"{child.label} exited unexpectedly with {describe_exit(code)}", shell_exit_code(code) or 1)
 
@@ -463,8 +466,8 @@ class Agent(MembershipPolicy):
         if agent not in self.members:  # a dropped agent's last words: its processes are no longer the job's
             return
         match message:
-            case Failed(reason, code) if self._elastic():
-                self._hold_failure(reason, int(code or 1))
+            case Failed(reason, code, restartable) if self._elastic():
+                self._hold_failure(reason, int(code or 1), restartable)
             case Failed(_, code):
                 self._stop(int(code or 1))
             case Died(name, label, code, _):

@@ -162,21 +162,38 @@ class MembershipPolicy:
     def _elastic(self) -> bool:
         return self.spec.options.min_nodes is not None and not self.spec.runs_check and not self.status.interrupted
 
-    def _script_failed(self, reason: str, code: int) -> None:
-        """SCRIPT failed here (--min-nodes): a node lost meanwhile may be why, so agent 0 waits to see."""
+    def _script_failed(self, reason: str, code: int, restartable: str = "") -> None:
+        """SCRIPT failed here (--min-nodes): a node lost meanwhile may be why, so agent 0 waits to see
+        (``restartable``: the process, when it lost its connection)."""
         if self.identity.leader:
-            self._hold_failure(reason, code)
+            self._hold_failure(reason, code, restartable)
         else:  # report and wait for the order: cut off from agent 0, this agent rejoins instead
             # A warning: agent 0 decides whether it is the job's error (a lost peer's doing is not).
             self.log.warning(f"{reason}; the first node's agent decides (--min-nodes).")
-            self.channel.to_leader(Failed(reason, code))
+            self.channel.to_leader(Failed(reason, code, restartable))
 
-    def _hold_failure(self, reason: str, code: int) -> None:
-        """Agent 0: stop the job for ``reason`` unless a node loss re-forms it within the grace."""
+    def _hold_failure(self, reason: str, code: int, restartable: str = "") -> None:
+        """Agent 0: stop the job for ``reason`` unless a node loss re-forms it within the grace (or,
+        for a lost connection, restart then, within --max-restarts)."""
         grace = self.spec.options.heartbeat_timeout + FAILURE_GRACE
-        self.log.warning(f"{reason}; the job stops in {grace:.0f} s unless a node is found lost by then "
+        then = "restarts" if restartable and self._may_restart() else "stops"
+        self.log.warning(f"{reason}; the job {then} in {grace:.0f} s unless a node is found lost by then "
                          "(--min-nodes: a lost peer fails the others' collectives).")
-        self.timers.after(grace, FailureDue(reason, code, self.status.generation.number))
+        self.timers.after(grace, FailureDue(reason, code, self.status.generation.number, restartable,
+                                            self.restarts.used))
+
+    def _on_failure_due(self, due: FailureDue) -> None:
+        """Agent 0: no node loss explained a held failure: restart for a lost connection while the
+        budget lasts (a network fault that passed), else stop the job."""
+        if due.generation != self.status.generation.number or due.restarts != self.restarts.used:
+            return  # a re-forming or a restart since replaced what failed
+        budget = self.spec.options.max_restarts
+        if due.restartable and self._may_restart() and self.restarts.used < budget:
+            self.log.warning(f"{due.reason}; no node was lost meanwhile: a passing network fault.")
+            self._decide_restart(due.restartable, due.reason.split(" exited", 1)[0], due.code)
+            return
+        self.log.error(f"{due.reason}; no node was lost meanwhile; stopping the job.")
+        self._stop(due.code, due.reason)
 
     def _may_rejoin(self) -> bool:
         """A follower cut off from agent 0: try to rejoin (--min-nodes), rather than stop."""

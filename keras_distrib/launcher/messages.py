@@ -128,6 +128,8 @@ class Failed:
     KEY: ClassVar[str] = "failed"
     reason: str
     code: int
+    # The failed process's name when its error was a lost connection, which a restart may cure.
+    restartable: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,9 @@ ControlMessage = Nonce | Elsewhere | Refused | Hello | Beat | JobMessage
 _WIRE: dict[str, type[Any]] = {cls.KEY: cls for cls in (Nonce, Elsewhere, Refused, Beat, Start, Stop, Restart, Failed, Died, Done, Stuck)}
 
 
+_OMITTED_AT_DEFAULT = ("generation", "restartable")
+
+
 def to_wire(message: ControlMessage) -> dict[str, Any]:
     """The JSON object of ``message``: its kind's key first (the wire format since 0.1)."""
     values = {f.name: getattr(message, f.name) for f in fields(message)}
@@ -188,9 +193,10 @@ def to_wire(message: ControlMessage) -> dict[str, Any]:
     if isinstance(message, Hello):
         return values
     first, *rest = fields(message)
-    # generation 0 is left out: the wire of a job that never re-forms is as before.
+    # generation 0 and no restartable process are left out: the wire of a job that never
+    # re-forms, or of a script's own error, is as before.
     return {message.KEY: values[first.name]} | {f.name: values[f.name] for f in rest
-                                                 if not (f.name == "generation" and values[f.name] == 0)}
+                                                 if not (f.name in _OMITTED_AT_DEFAULT and values[f.name] == f.default)}
 
 
 def decode(raw: Any) -> ControlMessage:
@@ -284,11 +290,14 @@ class JoinDue:
 
 @dataclass(frozen=True)
 class FailureDue:
-    """Agent 0, --min-nodes: SCRIPT failed ``grace`` seconds ago in ``generation``; no node loss explained it."""
+    """Agent 0, --min-nodes: SCRIPT failed ``grace`` seconds ago in ``generation``; no node loss explained it
+    (nor a restart: ``restarts``)."""
 
     reason: str
     code: int
     generation: int
+    restartable: str = ""  # as in Failed
+    restarts: int = 0  # the restarts ordered when it failed: one ordered since replaced what failed
 
 
 @dataclass(frozen=True)

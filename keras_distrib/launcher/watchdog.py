@@ -315,6 +315,24 @@ _UNHEALTHY = re.compile(rb"tasks are unhealthy \(stopped sending heartbeats\):?\
 _TASK = re.compile(rb"/job:(\w+)/(?:replica:\d+/)?task:(\d+)")
 
 
+# The exception line of a traceback, and those of a lost connection: what TensorFlow raises when
+# a peer or the network fails under it (a collective aborted by the coordination service's
+# missed heartbeats, a ps out of reach), and JAX's runtime errors with the same gRPC statuses.
+_EXCEPTION_LINE = re.compile(rb"^[A-Za-z_][\w.]*(?:Error|Exception)\b")
+_LOST_CONNECTION = re.compile(rb"^(?:[\w.]+\.)?(UnavailableError|DeadlineExceededError|AbortedError)\b"
+                              rb"|^[\w.]*(?:XlaRuntimeError|JaxRuntimeError): (UNAVAILABLE|DEADLINE_EXCEEDED|ABORTED)\b")
+
+
+def lost_connection(lines: Sequence[bytes]) -> str | None:
+    """The error's name when the last exception in a failed process's output is a lost
+    connection (``DeadlineExceededError``), not the script's own error; None otherwise."""
+    for line in reversed(lines):
+        if _EXCEPTION_LINE.match(line):
+            match = _LOST_CONNECTION.match(line)
+            return None if match is None else (match.group(1) or match.group(2)).decode()
+    return None
+
+
 def blamed_peers(lines: Sequence[bytes]) -> list[str]:
     """``job:index`` of the peers a failed process's last output lines say stopped (oldest first).
 

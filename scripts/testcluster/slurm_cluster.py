@@ -610,6 +610,19 @@ AuthInfo=cred_expire=10
                 raise SlurmClusterError(f"munged does not work: {enc.stderr.strip()}")
             time.sleep(0.1)
 
+    def _other_clusters_running(self) -> list[str]:
+        """The prefixes of the other test clusters whose lock is held now (any process, this one too)."""
+        held = []
+        for path in sorted(STATE_DIR.glob("*.lock")):
+            if path.stem == self.prefix:
+                continue
+            with open(path, "a+") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    held.append(path.stem)
+        return held
+
     def _stop_munged_if_ours(self) -> None:
         owner = STATE_DIR / "munged.owner"
         try:
@@ -617,6 +630,10 @@ AuthInfo=cred_expire=10
         except OSError:
             return
         if not ours:
+            return
+        if others := self._other_clusters_running():
+            # They use this munged too: stopping it would fail every Slurm RPC of theirs.
+            print(f"slurm_cluster: munged keeps running for the clusters {', '.join(others)}", file=sys.stderr)
             return
         pids = self._munged_pids()
         _kill(pids, signal.SIGTERM)
@@ -731,7 +748,8 @@ AuthInfo=cred_expire=10
         """Stop all daemons and processes of the cluster and delete its namespaces.
 
         Idempotent; safe after a failed start() and from another process (same workdir).
-        munged is stopped only if this harness (same prefix) started it. A cluster with
+        munged is stopped only if this harness (same prefix) started it and no other test
+        cluster runs (they share it; it is then left running). A cluster with
         the same prefix that someone else holds the lock for is left alone (with a warning).
         """
         t0 = time.monotonic()

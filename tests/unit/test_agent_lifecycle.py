@@ -834,3 +834,93 @@ def test_a_second_agent_for_a_node_in_the_job_stays_out(lines: list[str]) -> Non
     h.agent.handle(PeerJoined(2, hello_of(h, 2)))
     assert lines[-1] == "an agent on n3 connected to join, but n3 is in the job; it stays out."
     assert h.agent.membership.joining == {} and h.agent.plan.nodes == NODES
+
+
+# What TensorFlow 2.21 printed when an all-reduce peer's link was cut for 8 s (bench/chaos.py,
+# allreduce): the coordination service's missed heartbeats abort the collective.
+LOST_CONNECTION_TAIL = (
+    b"Traceback (most recent call last):\n",
+    b'  File "train.py", line 18, in <module>\n',
+    b"tensorflow.python.framework.errors_impl.DeadlineExceededError: Graph execution error:\n",
+    b"Collective ops is aborted by: Deadline Exceeded\n",
+    b"Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling "
+    b"/tensorflow.WorkerService/RecvBuf:\n",
+)
+
+
+@pytest.mark.parametrize("tail, expected", [
+    (LOST_CONNECTION_TAIL, "DeadlineExceededError"),
+    ((b"tensorflow.python.framework.errors_impl.UnavailableError: recvmsg:Connection reset by peer\n",),
+     "UnavailableError"),
+    ((b"jaxlib._jax.XlaRuntimeError: UNAVAILABLE: failed to connect to all addresses\n",), "UNAVAILABLE"),
+    ((b"jax.errors.JaxRuntimeError: DEADLINE_EXCEEDED: Barrier timed out\n",), "DEADLINE_EXCEEDED"),
+    ((b"ValueError: Input 0 of layer dense is incompatible\n",), None),
+    ((b"AbortedError: not quite\n", b"During handling of the above exception, another exception occurred:\n",
+      b"KeyError: 'loss'\n"), None),  # the last exception is the script's own
+    ((b"epoch 3/5\n",), None),
+])
+def test_a_lost_connection_is_read_from_the_last_exception_line(tail: tuple[bytes, ...], expected: str | None) -> None:
+    from keras_distrib.launcher.watchdog import lost_connection
+
+    assert lost_connection(tail) == expected
+
+
+def test_with_min_nodes_a_lost_connection_no_node_loss_explains_restarts_every_worker_once(lines: list[str]) -> None:
+    """A link cut shorter than the heartbeat timeout fails the collectives and no node is lost:
+    a passing network fault, restarted within --max-restarts (once for all the failures)."""
+    from keras_distrib.launcher.messages import FailureDue
+
+    follower = harness("allreduce", agent_id=1, min_nodes=2, max_restarts=3)
+    follower.processes.named("worker:1").tail = LOST_CONNECTION_TAIL
+    follower.exit("worker:1", 1)
+    reason = "worker:1 on n2 exited unexpectedly with exit code 1 after a lost connection (DeadlineExceededError)"
+    assert follower.channel.to_leader_sent == [Failed(reason, 1, "worker:1")]
+    h = harness("allreduce", min_nodes=2, max_restarts=3, heartbeat_timeout=10)
+    h.processes.named("worker:0").tail = LOST_CONNECTION_TAIL
+    h.exit("worker:0", 1)
+    h.agent.handle(FromPeer(1, follower.channel.to_leader_sent[0]))
+    assert "the job restarts in 15 s unless a node is found lost by then" in lines[-1]
+    dues = [due for _, due in h.timers.pending if isinstance(due, FailureDue)]
+    assert len(dues) == 2
+    for due in dues:
+        h.agent.handle(due)
+    assert h.processes.restarted == [["worker:0", "worker:1", "worker:2"]] and h.agent.restarts.used == 1
+    assert h.state is State.RUNNING and h.agent.result is None
+    assert any("no node was lost meanwhile: a passing network fault." in line for line in lines)
+
+
+def test_with_min_nodes_a_lost_connection_stops_the_job_once_the_budget_is_spent(lines: list[str]) -> None:
+    from keras_distrib.launcher.messages import FailureDue
+
+    h = harness("allreduce", min_nodes=2, max_restarts=0, heartbeat_timeout=10)
+    h.processes.named("worker:0").tail = LOST_CONNECTION_TAIL
+    h.exit("worker:0", 1)
+    assert "the job stops in 15 s" in lines[-1]
+    [due] = [due for _, due in h.timers.pending if isinstance(due, FailureDue)]
+    h.agent.handle(due)
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 1
+
+
+def test_a_failure_held_before_a_restart_does_not_stop_the_restarted_job() -> None:
+    """A peer's collective fails before the killed worker's death is handled: the restart the
+    death orders replaces what failed, so the held failure stops nothing."""
+    from keras_distrib.launcher.messages import FailureDue
+
+    h = harness("allreduce", min_nodes=2, max_restarts=3, heartbeat_timeout=10)
+    h.exit("worker:0", 1)  # the script's own error, as far as anyone knows yet
+    h.agent.handle(FromPeer(2, Died("worker:2", "worker:2 on n3", -9)))
+    assert h.processes.restarted == [["worker:0", "worker:1", "worker:2"]]
+    for _, due in h.timers.pending:
+        if isinstance(due, FailureDue):
+            h.agent.handle(due)
+    assert h.state is State.RUNNING and h.agent.result is None
+
+
+def test_without_min_nodes_a_lost_connection_restarts_and_a_scripts_own_error_stops() -> None:
+    h = harness("allreduce", max_restarts=3)
+    h.processes.named("worker:0").tail = LOST_CONNECTION_TAIL
+    h.exit("worker:0", 1)
+    assert h.processes.restarted == [["worker:0", "worker:1", "worker:2"]] and h.state is State.RUNNING
+    h.processes.named("worker:0").tail = (b"ValueError: bad input\n",)
+    h.exit("worker:0", 1)
+    assert h.state is State.STOPPED and h.agent.result is not None and h.agent.result.code == 1
