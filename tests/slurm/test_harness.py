@@ -148,3 +148,27 @@ def test_throwaway_cluster_recovery_and_stop(slurm_cluster: SlurmTestCluster,
     # The session cluster was not disturbed.
     p = slurm_cluster.head(["srun", "-N3", "hostname"], timeout=60)
     assert sorted(p.stdout.split()) == ["n1", "n2", "n3"], p.stderr
+
+
+def test_a_cluster_that_started_munged_leaves_it_running_for_the_others(slurm_cluster: SlurmTestCluster,
+                                                                         tmp_path: Path) -> None:
+    """Two clusters at once (bench/chaos.py --prefix): the one that started munged stops first,
+    and the other's Slurm RPCs must go on (they failed with "Zero Bytes were transmitted")."""
+    from slurm_cluster import STATE_DIR
+
+    owner = STATE_DIR / "munged.owner"
+    before = owner.read_text() if owner.exists() else None
+    other = SlurmTestCluster(tmp_path / "m", nodes=1, prefix="kdtm")
+    other.start()
+    try:
+        owner.write_text("kdtm\n")  # as if it had started munged
+        other.stop()
+        assert SlurmTestCluster._munged_pids()
+        p = slurm_cluster.head(["srun", "-N3", "hostname"], timeout=60)
+        assert sorted(p.stdout.split()) == ["n1", "n2", "n3"], p.stderr
+    finally:
+        other.stop()
+        if before is None:
+            owner.unlink(missing_ok=True)
+        else:
+            owner.write_text(before)
