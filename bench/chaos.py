@@ -47,15 +47,15 @@ OPTIONS = ["--heartbeat-timeout", str(int(HEARTBEAT_TIMEOUT)), "--hang-timeout",
            "--max-restarts", "10"]
 #: What names each kind of fault in the job's output (a regex, given the fault's node).
 NAMED_BY = {
-    "kill-worker": r"worker:\d+ on {node} exited with signal 9|lost {node}",
-    "kill-in-checkpoint": r"worker:\d+ on {node} exited with signal 9|lost {node}",
-    "kill-ps": r"ps:\d+ on {node} exited with signal 9|lost {node}",
+    "kill-worker": r"worker:\d+ on {node} exited with signal 9|lost (the node )?{node}",
+    "kill-in-checkpoint": r"worker:\d+ on {node} exited with signal 9|lost (the node )?{node}",
+    "kill-ps": r"ps:\d+ on {node} exited with signal 9|lost (the node )?{node}",
     "kill-chief": r"chief:0 on {node} (exited|finished|exited unexpectedly) with signal 9",
     # all-reduce: the frozen worker's peers fail first and name it ("stopped sending heartbeats")
-    "freeze": r"on {node} made no progress|on {node} stopped sending heartbeats|lost {node}",
-    "cut-link": r"lost {node}|lost contact with the first node's agent",
-    "cut-link-for-good": r"lost {node}|lost contact with the first node's agent",
-    "kill-agent": r"lost {node}|the agent on {node} disconnected unexpectedly",
+    "freeze": r"on {node} made no progress|on {node} stopped sending heartbeats|lost (the node )?{node}",
+    "cut-link": r"lost (the node )?{node}|lost contact with the first node's agent",
+    "cut-link-for-good": r"lost (the node )?{node}|lost contact with the first node's agent",
+    "kill-agent": r"lost (the node )?{node}|the agent on {node} disconnected unexpectedly",
     "preempt": r"requeued job|checkpoint.*(preempt|SIGUSR1|time limit)|got a time-limit or preemption warning",
 }
 
