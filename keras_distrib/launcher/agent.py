@@ -376,7 +376,10 @@ class Agent(MembershipPolicy):
             self.fail(f"{child.label} stopped with exit code {code}: its setup is wrong, as its line above says. "
                       "HINT: fix what that line names; a restart would stop the same way", code)
             return
-        lost = lost_connection(child.tail) if child.runs_script and code > 0 else None
+        # A peer stopped and this one failed because of it: a fault, not SCRIPT's error.
+        blamed = (self.hangs.blame(child) if child.runs_script and code not in (0, PREEMPTED_EXIT_CODE)
+                  and not self.status.interrupted else None)
+        lost = lost_connection(child.tail) if child.runs_script and code > 0 and blamed is None else None
         # Not SCRIPT's end: a JAX ps worker's error, or a lost connection (with --min-nodes, agent 0
         # first waits to see whether a lost node explains it).
         fault = (code > 0 and code != PREEMPTED_EXIT_CODE and not self.status.interrupted
@@ -402,8 +405,7 @@ class Agent(MembershipPolicy):
                 self._script_done(self.status.chief_code if self.status.chief_code is not None
                                   else shell_exit_code(code))
             return
-        blamed = self.hangs.blame(child) if child.runs_script and not self.status.interrupted else None
-        if blamed is not None:  # a peer stopped and this one failed because of it: a fault, not SCRIPT's error
+        if blamed is not None:
             culprit, what = blamed
             self._on_hung(culprit, what + f" ({child.label} exited with {describe_exit(code)} because of it)")
             return
