@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO / "tests" / "slurm"))
 NODES = ("n1", "n2", "n3")
 HANG_TIMEOUT = 15.0
 HEARTBEAT_TIMEOUT = 10.0
-#: A link cut this long before the job stops (a requeue, its end) may go unnoticed: the
-#: agents stop before the heartbeat timeout, and the harness brings the node back.
+#: A link cut this long before the job stops (a requeue, its end) or its training ends may go
+#: unnoticed: the agents stop before the heartbeat timeout (and a requeue brings the node back).
 UNNOTICED_CUT = HEARTBEAT_TIMEOUT + 5.0
 # --max-restarts 10: a schedule of 5 process faults must not spend the budget (3 by default;
 # a spent budget ends the job by design, which is not what the harness is after).
@@ -92,6 +92,7 @@ class Run:
     faults: list[Fault]
     epochs: int
     injected: dict[int, str] = field(default_factory=dict)  # by the fault's index in ``faults``
+    cut_at: dict[int, float] = field(default_factory=dict)  # when each link cut began (time.monotonic)
     problems: list[str] = field(default_factory=list)
     result: dict = field(default_factory=dict)
 
@@ -138,7 +139,8 @@ def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: d
     if kind in ("cut-link", "cut-link-for-good"):
         run.injected[index] = f"{kind} {node}"
         cluster.set_link(node, up=False)
-        cut[node] = (index, time.monotonic())
+        run.cut_at[index] = time.monotonic()
+        cut[node] = (index, run.cut_at[index])
         if kind == "cut-link":
             time.sleep(fault.seconds)
             if node in cut:  # not brought back meanwhile by a requeue
@@ -221,14 +223,26 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
     job = int(cluster.head(argv, env=job_env(run.layout), cwd=work, check=True, timeout=60).stdout.split(";")[0])
     saved = {"jax": "training_metadata.json", "ps-jax": "jax-ps/epoch.json"}.get(run.layout, "ckpt-*")
     cut: dict[str, tuple[int, float]] = {}
+    trained_at: float | None = None
     threads = []
     deadline = time.monotonic() + timeout
     try:
         while not any(ck.glob(saved)) and time.monotonic() < deadline:
             time.sleep(0.2)
         start = time.monotonic()
+
+        def watch_until(moment: float) -> None:
+            """Sleep until ``moment``, noting when the first node's result line (training over) appears."""
+            nonlocal trained_at
+            while True:
+                if trained_at is None and out.is_file() and '] {"step":' in out.read_text(errors="replace"):
+                    trained_at = time.monotonic()
+                if time.monotonic() >= moment:
+                    return
+                time.sleep(min(0.5, max(0.0, moment - time.monotonic())))
+
         for index, fault in enumerate(run.faults):
-            time.sleep(max(0.0, start + fault.at - time.monotonic()))
+            watch_until(start + fault.at)
             if job_state(cluster, job) not in ("RUNNING",):
                 run.injected[index] = f"{fault.kind} on {fault.node}: the job was not running (skipped)"
                 continue
@@ -239,6 +253,7 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
         state = job_state(cluster, job)
         while time.monotonic() < deadline:
             state = job_state(cluster, job)
+            watch_until(0.0)
             if state != "RUNNING" and cut:
                 for node in list(cut):  # a requeued (or ending) job waits for its nodes: bring them back
                     cluster.set_link(node, up=True)
@@ -255,6 +270,9 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
         for node in list(cut):
             cluster.set_link(node, up=True)
         cluster.head(["scancel", str(job)], timeout=30)
+    for index, when in run.cut_at.items():
+        if trained_at is not None and trained_at - when < UNNOTICED_CUT and "unnoticed" not in run.injected[index]:
+            run.injected[index] += f" (training ended {trained_at - when:.0f} s later: may go unnoticed)"
     run.result["job"], run.result["checkpoints"] = job, str(ck)
     return state, out.read_text(errors="replace")
 
