@@ -176,21 +176,23 @@ class MembershipPolicy:
         """Agent 0: stop the job for ``reason`` unless a node loss re-forms it within the grace (or,
         for a lost connection, restart then, within --max-restarts)."""
         grace = self.spec.options.heartbeat_timeout + FAILURE_GRACE
-        then = "restarts" if restartable and self._may_restart() else "stops"
+        then = "restarts" if restartable and self._restart_left() else "stops"
         self.log.warning(f"{reason}; the job {then} in {grace:.0f} s unless a node is found lost by then "
                          "(--min-nodes: a lost peer fails the others' collectives).")
         self.timers.after(grace, FailureDue(reason, code, self.status.generation.number, restartable,
                                             self.restarts.used))
+
+    def _restart_left(self) -> bool:
+        return self._may_restart() and self.restarts.used < self.spec.options.max_restarts
 
     def _on_failure_due(self, due: FailureDue) -> None:
         """Agent 0: no node loss explained a held failure: restart for a lost connection while the
         budget lasts (a network fault that passed), else stop the job."""
         if due.generation != self.status.generation.number or due.restarts != self.restarts.used:
             return  # a re-forming or a restart since replaced what failed
-        budget = self.spec.options.max_restarts
-        if due.restartable and self._may_restart() and self.restarts.used < budget:
+        if due.restartable and self._restart_left():
             self.log.warning(f"{due.reason}; no node was lost meanwhile: a passing network fault.")
-            self._decide_restart(due.restartable, due.reason.split(" exited", 1)[0], due.code)
+            self._decide_restart(due.restartable, f"{due.restartable} on {self._node_of(due.restartable)}", due.code)
             return
         self.log.error(f"{due.reason}; no node was lost meanwhile; stopping the job.")
         self._stop(due.code, due.reason)
