@@ -45,6 +45,9 @@ UNNOTICED_CUT = HEARTBEAT_TIMEOUT + 5.0
 # a spent budget ends the job by design, which is not what the harness is after).
 OPTIONS = ["--heartbeat-timeout", str(int(HEARTBEAT_TIMEOUT)), "--hang-timeout", str(HANG_TIMEOUT), "--checkpoint-every", "2s",
            "--max-restarts", "10"]
+#: The longest a job may take from its result line to its end: the processes' shutdown, agent
+#: 0's wait for the others to disconnect (13 s), a cut-off node's step ended, Slurm's epilogue.
+END_WAIT = 60.0
 #: What names each kind of fault in the job's output (a regex, given the fault's node).
 NAMED_BY = {
     "kill-worker": r"worker:\d+ on {node} exited with signal 9|lost (the node )?{node}",
@@ -53,8 +56,8 @@ NAMED_BY = {
     "kill-chief": r"chief:0 on {node} (exited|finished|exited unexpectedly) with signal 9",
     # all-reduce: the frozen worker's peers fail first and name it ("stopped sending heartbeats")
     "freeze": r"on {node} made no progress|on {node} stopped sending heartbeats|lost (the node )?{node}",
-    "cut-link": r"lost (the node )?{node}|lost contact with the first node's agent",
-    "cut-link-for-good": r"lost (the node )?{node}|lost contact with the first node's agent",
+    "cut-link": r"lost (the node )?{node}|lost contact with the first node's agent|{node} did not acknowledge the end",
+    "cut-link-for-good": r"lost (the node )?{node}|lost contact with the first node's agent|{node} did not acknowledge the end",
     "kill-agent": r"lost (the node )?{node}|the agent on {node} disconnected unexpectedly",
     "preempt": r"requeued job|checkpoint.*(preempt|SIGUSR1|time limit)|got a time-limit or preemption warning",
 }
@@ -224,8 +227,8 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
     saved = {"jax": "training_metadata.json", "ps-jax": "jax-ps/epoch.json"}.get(run.layout, "ckpt-*")
     cut: dict[str, tuple[int, float]] = {}
     trained_at: float | None = None
+    ended_at = deadline = time.monotonic() + timeout
     threads = []
-    deadline = time.monotonic() + timeout
     try:
         while not any(ck.glob(saved)) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -262,6 +265,7 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
                         run.injected[index] += (f" (the job stopped {time.monotonic() - when:.0f} s later, {state}: "
                                                 "may go unnoticed)")
             if state not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "CONFIGURING", "REQUEUE_HOLD", "SUSPENDED"):
+                ended_at = time.monotonic()
                 break
             time.sleep(0.5)
         for thread in threads:
@@ -270,6 +274,8 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
         for node in list(cut):
             cluster.set_link(node, up=True)
         cluster.head(["scancel", str(job)], timeout=30)
+    if trained_at is not None:
+        run.result["ended_after_training"] = round(ended_at - trained_at, 1)
     for index, when in run.cut_at.items():
         if trained_at is not None and trained_at - when < UNNOTICED_CUT and "unnoticed" not in run.injected[index]:
             run.injected[index] += f" (training ended {trained_at - when:.0f} s later: may go unnoticed)"
@@ -308,6 +314,9 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
             continue
         if not re.search(NAMED_BY[fault.kind].format(node=fault.node), text):
             run.problems.append(f"no line names {fault.kind} on {fault.node}")
+    if run.result.get("ended_after_training", 0.0) > END_WAIT:
+        run.problems.append(f"the job ended {run.result['ended_after_training']:.0f} s after its training (more than "
+                            f"{END_WAIT:.0f} s: waited for a node?)")
     run.problems += checkpoint_problems(run.result.get("checkpoints"))
     procs, ports = cluster.leftovers(r"keras_distrib|fit\.py|fit_jax\.py", 60)
     if procs or any(ports.values()):

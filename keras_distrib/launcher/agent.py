@@ -49,9 +49,10 @@ from ..logs import LineFormatter, NodeLogger
 from ..network import wait_reachable
 from ..plan import CHIEF, TUNER_LAYOUT, Plan, Process, process_for_task
 from . import control
+from .control import first_few
 from . import requeue as requeue_job
 from .children import Child, describe_exit, shell_exit_code
-from .formation import Channel, Identity, SoloChannel, form_job
+from .formation import LINGER_MARGIN_S, Channel, Identity, SoloChannel, form_job
 from .portblocks import BlockClaims
 from .spec import LaunchSpec
 from .membership import Membership, MembershipPolicy
@@ -250,19 +251,34 @@ class Agent(MembershipPolicy):
             if self.status.state is not State.STOPPED:  # an exception: the processes must still go
                 self._enter(State.STOPPED)
             self.processes.shutdown(self.spec.options.shutdown_grace)
-            self.channel.close()
+            unacknowledged = self.channel.close()
             if self.spec.log_dir is not None and self.identity.leader:
                 self.log.info(f"the full output of every process is in {self.spec.log_dir}")
             if self.identity.leader and self.spec.options.exit_code_file and self.status.result is not None:
                 self._write_exit_code(self.status.result.code)
-            if self.status.result is not None and (self.status.result.lost_node is not None or self.membership.silent_nodes):
-                # a cut node's task keeps srun (or its peers) waiting until the scheduler gives the node up
-                self.scheduler.end_step(self.plan.scheduler, self.log.info)
+            self._end_step_if_a_node_is_lost(unacknowledged)
             if kept is not None:
                 logging.getLogger(ROOT_LOGGER).removeHandler(kept)
                 kept.close()
         assert self.status.result is not None
         return self.status.result
+
+    def _end_step_if_a_node_is_lost(self, unacknowledged: tuple[int, ...]) -> None:
+        """A cut node's task keeps srun (or its peers) waiting until the scheduler gives the node up.
+
+        ``unacknowledged``: agents that did not disconnect after agent 0's Stop (a node cut off
+        as training ended, before its silence was noticed): named, and the step ended too.
+        """
+        if self.status.result is None:
+            return
+        if unacknowledged:
+            nodes = first_few(self.identity.agent_nodes[a] for a in unacknowledged)
+            self.log.warning(
+                f"the agent on {nodes} did not acknowledge the end of the job within "
+                f"{self.spec.options.shutdown_grace + LINGER_MARGIN_S:g} s (its node cut off or frozen?); the job's "
+                f"result stands. HINT: check that node and its network; its processes may run until the scheduler gives it up.")
+        if self.status.result.lost_node is not None or self.membership.silent_nodes or unacknowledged:
+            self.scheduler.end_step(self.plan.scheduler, self.log.info)
 
     def _write_exit_code(self, code: int) -> None:
         """--exit-code-file: the job's exit code, for a job script whose srun returns another (the step ended)."""

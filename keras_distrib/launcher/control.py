@@ -171,6 +171,7 @@ class ControlServer:
         self._send_lock = threading.Lock()
         self._on_report: Callable[[PeerReport], None] | None = None
         self._held: list[PeerReport] = []
+        self._silenced: list[int] = []  # agents lost to silence, in order
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="control-server", daemon=True)
         self._thread.start()
@@ -216,12 +217,17 @@ class ControlServer:
         for agent, conn in list(self._peers.items()):
             self._send(agent, conn, data)
 
-    def wait_until_alone(self, timeout: float) -> bool:
-        """Wait until every agent has disconnected, at most ``timeout`` s; True if all did."""
+    def wait_until_alone(self, timeout: float) -> tuple[int, ...]:
+        """Wait until every agent has disconnected, at most ``timeout`` s.
+
+        Returns the agents that did not disconnect: still connected at the deadline, or lost to
+        silence meanwhile (a node cut off); empty when every agent left by closing its end.
+        """
+        silent_before = len(self._silenced)
         deadline = time.monotonic() + timeout
         while self._peers and time.monotonic() < deadline:
             time.sleep(0.05)
-        return not self._peers
+        return tuple(sorted(set(self._peers) | set(self._silenced[silent_before:])))
 
     def close(self) -> None:
         if self._closed.is_set():  # closed already (by its channel)
@@ -374,6 +380,7 @@ class ControlServer:
         self._unregister(conn)
         if agent is not None and self._peers.get(agent) is conn:
             del self._peers[agent]
+            self._silenced.append(agent)
             self._deliver(PeerSilent(agent, round(silent_for, 1)))
 
     def _drop(self, conn: _Connection, reason: str | None) -> None:

@@ -73,8 +73,12 @@ class Channel(Protocol):
     def to_all(self, message: JobMessage) -> None:
         """From agent 0 to every other agent (nothing elsewhere)."""
 
-    def close(self) -> None:
-        """End the connection(s) at the end of the job."""
+    def close(self) -> tuple[int, ...]:
+        """End the connection(s) at the end of the job.
+
+        Returns the agents that did not acknowledge agent 0's Stop by disconnecting within the
+        linger (their node cut off or frozen): empty on every other agent.
+        """
 
 
 class SoloChannel:
@@ -86,8 +90,8 @@ class SoloChannel:
     def to_all(self, message: JobMessage) -> None:
         pass
 
-    def close(self) -> None:
-        pass
+    def close(self) -> tuple[int, ...]:
+        return ()
 
 
 class LeaderChannel:
@@ -106,15 +110,17 @@ class LeaderChannel:
         self._stopped_all = self._stopped_all or isinstance(message, Stop)
         self.server.broadcast(to_wire(message))
 
-    def close(self) -> None:
+    def close(self) -> tuple[int, ...]:
+        unacknowledged: tuple[int, ...] = ()
         if self._stopped_all:
             # Each agent told to stop ends its processes, then disconnects. Agent 0 ending
             # first can end the job script, and the scheduler then cancels what still runs:
             # an agent started with --join, in a step of its own, ended "Terminated" (143).
-            self.server.wait_until_alone(self.linger)
+            unacknowledged = self.server.wait_until_alone(self.linger)
         self.server.close()
         if self.secret_file is not None:
             self.secret_file.unlink(missing_ok=True)  # the job is over: nobody needs it
+        return unacknowledged
 
 
 class FollowerChannel:
@@ -141,8 +147,9 @@ class FollowerChannel:
     def to_all(self, message: JobMessage) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self) -> tuple[int, ...]:
         self.client.close()
+        return ()
 
 
 def peer_event(report: control.PeerReport) -> Event | None:

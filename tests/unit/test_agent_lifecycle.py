@@ -104,8 +104,8 @@ class FakeChannel:
     def to_all(self, message: JobMessage) -> None:
         self.to_all_sent.append(message)
 
-    def close(self) -> None:
-        pass
+    def close(self) -> tuple[int, ...]:
+        return ()
 
 
 @dataclass
@@ -773,6 +773,37 @@ def test_the_end_writes_the_exit_code_and_ends_the_step_while_a_silent_node_may_
     h.agent.post(FailureDue("worker:1 on n2 exited with 3", 3, 1))  # no loss within the grace
     assert h.agent.run().code == 3
     assert (tmp_path / "sub" / "exit-code").read_text() == "3\n" and ended == ["slurm"]
+
+
+@pytest.mark.parametrize(("unacknowledged", "code", "named"), [
+    ((), 0, None),
+    ((2,), 0, "n3"),         # cut off as the last epoch ended: training done, the job ends well
+    ((1, 2), 1, "n2, n3"),
+])
+def test_agents_that_do_not_acknowledge_the_end_are_named_and_the_step_ended(
+        unacknowledged: tuple[int, ...], code: int, named: str | None, lines: list[str]) -> None:
+    """A node cut off just before the job ends is not noticed (its silence is younger than the
+    heartbeat timeout), and srun would wait for its task until Slurm gives the node up: agent 0
+    names the agents that did not disconnect after its Stop and ends the step."""
+    h = harness("allreduce")
+    ended: list[str] = []
+    h.agent.scheduler = replace(h.agent.scheduler, end_job_step=lambda scheduler, environ, say: ended.append(scheduler))
+    h.agent.form = lambda _free=(): (h.channel, h.agent.plan)  # type: ignore[method-assign]
+    h.channel.close = lambda: unacknowledged  # type: ignore[method-assign]
+    h.agent.status.state = State.FORMING  # as before run(), its processes started already:
+    h.agent.begin = lambda _channel, _plan: h.agent._enter(State.RUNNING)  # type: ignore[method-assign]
+    h.processes.named("worker:0").alive = False
+    h.agent.post(ChildExited(h.processes.named("worker:0"), code))  # type: ignore[arg-type]
+    for agent in (1, 2):  # their SCRIPTs ended too (before the cut)
+        h.agent.post(FromPeer(agent, Done(agent, 0, 0)))
+    assert h.agent.run().code == code
+    warned = [line for line in lines if "did not acknowledge the end of the job" in line]
+    if named is None:
+        assert ended == [] and warned == []
+    else:
+        assert ended == ["slurm"] and len(warned) == 1
+        assert warned[0].startswith(f"the agent on {named} did not acknowledge the end of the job within 13 s")
+        assert "result stands. HINT:" in warned[0]
 
 
 @pytest.mark.parametrize("layout", ["allreduce", "jax"])

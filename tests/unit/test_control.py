@@ -284,28 +284,49 @@ def test_a_client_that_may_not_wait_fails_at_once_when_nothing_listens() -> None
 def test_agent_0_waits_for_the_other_agents_to_disconnect_after_a_stop_at_most_its_linger() -> None:
     """Agent 0 ending first could end the job script while an agent (one started with --join
     runs in a scheduler step of its own) still stops its processes: after broadcasting Stop,
-    `LeaderChannel.close` waits for every agent to disconnect, but no longer than ``linger``."""
+    `LeaderChannel.close` waits for every agent to disconnect, but no longer than ``linger``,
+    and returns the agents that did not (none here)."""
     from keras_distrib.launcher.formation import LeaderChannel
     from keras_distrib.launcher.messages import Stop
 
     job = Job(2)
     try:
-        assert not job.server.wait_until_alone(0.2)  # both connected
+        assert job.server.wait_until_alone(0.2) == (1, 2)  # both connected
         job.clients[1].close()
         threading.Timer(0.5, job.clients[2].close).start()
         channel = LeaderChannel(job.server, None, linger=10.0)
         channel.to_all(Stop(0))
         started = time.monotonic()
-        channel.close()
+        assert channel.close() == ()
         assert 0.3 < time.monotonic() - started < 5.0  # waited for agent 2, not for the whole linger
     finally:
         job.close()
-    hung = Job(1)
+
+
+@pytest.mark.parametrize("agents, cut_off, linger, heartbeat", [
+    (1, (1,), 0.5, 30.0),     # still connected when the linger ends (the heartbeat timeout is longer)
+    (3, (2,), 4.0, 1.2),      # lost to silence during the linger (a node cut off as training ended)
+    (3, (1, 3), 4.0, 1.2),    # two of three
+])
+def test_agents_that_do_not_acknowledge_the_stop_are_returned(
+        agents: int, cut_off: tuple[int, ...], linger: float, heartbeat: float) -> None:
+    """A node cut off as training ends closes nothing: its agent neither disconnects nor is
+    noticed before the job ends. `LeaderChannel.close` names it, so agent 0 can say so and end
+    the step instead of leaving srun waiting until the scheduler gives the node up."""
+    from keras_distrib.launcher.formation import LeaderChannel
+    from keras_distrib.launcher.messages import Stop
+
+    job = Job(agents, heartbeat_timeout=heartbeat)
     try:
-        channel = LeaderChannel(hung.server, None, linger=0.5)
+        for agent, client in job.clients.items():
+            if agent in cut_off:
+                client._closed.set()  # no more heartbeats, the socket left open: a cut link
+            else:
+                threading.Timer(0.3, client.close).start()
+        channel = LeaderChannel(job.server, None, linger=linger)
         channel.to_all(Stop(0))
         started = time.monotonic()
-        channel.close()  # agent 1 never disconnects: at most the linger
-        assert 0.4 < time.monotonic() - started < 3.0
+        assert channel.close() == cut_off
+        assert time.monotonic() - started < linger + 2.0  # at most the linger
     finally:
-        hung.close()
+        job.close()
