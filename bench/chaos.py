@@ -234,12 +234,20 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
             time.sleep(0.2)
         start = time.monotonic()
 
+        read = 0  # bytes of the output already searched (a line may straddle two reads)
+
         def watch_until(moment: float) -> None:
             """Sleep until ``moment``, noting when the first node's result line (training over) appears."""
-            nonlocal trained_at
+            nonlocal trained_at, read
             while True:
-                if trained_at is None and out.is_file() and '] {"step":' in out.read_text(errors="replace"):
-                    trained_at = time.monotonic()
+                if trained_at is None and out.is_file():
+                    start = max(0, read - 64)
+                    with out.open("rb") as f:
+                        f.seek(start)
+                        new = f.read()
+                    read = start + len(new)
+                    if b'] {"step":' in new:
+                        trained_at = time.monotonic()
                 if time.monotonic() >= moment:
                     return
                 time.sleep(min(0.5, max(0.0, moment - time.monotonic())))
