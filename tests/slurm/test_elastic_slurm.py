@@ -161,9 +161,11 @@ def test_a_cut_node_is_dropped_and_rejoins_when_its_link_is_back(slurm_cluster: 
     assert_nothing_left(slurm_cluster, job, wait=60)
 
 
-def submit(cluster: SlurmTestCluster, work: Path, out: Path, ck: Path, epochs: int, layout: str = "ps-per-node") -> int:
+def submit(cluster: SlurmTestCluster, work: Path, out: Path, ck: Path, epochs: int, layout: str = "ps-per-node",
+           heartbeat_timeout: int = 10) -> int:
     argv = ["sbatch", "--parsable", "-N3", "--cpus-per-task=2", "-o", str(out), "--open-mode=append", str(ELASTIC),
-            "--heartbeat-timeout", "10", "--checkpoint-every", "2s", "fit.py", str(ck), str(epochs), str(STEPS)]
+            "--heartbeat-timeout", str(heartbeat_timeout), "--checkpoint-every", "2s", "fit.py", str(ck), str(epochs),
+            str(STEPS)]
     return int(cluster.head(argv, env={"LAYOUT": layout}, cwd=work, check=True, timeout=60).stdout.split(";")[0])
 
 
@@ -321,4 +323,40 @@ def test_a_new_agent_started_with_join_takes_a_lost_node_back(slurm_cluster: Slu
     assert done["step"] == epochs * STEPS, done
     assert done["accuracy"] >= 0.97, done
     assert error_lines(text) == [] and error_lines(agent) == []
+    assert_nothing_left(slurm_cluster, job, wait=60)
+
+
+def test_an_agent_that_does_not_acknowledge_the_end_is_named_and_the_step_ended(slurm_cluster: SlurmTestCluster,
+                                                                                work: Path) -> None:
+    """n3's agent frozen (SIGSTOP) in the last epoch, its silence shorter than the heartbeat
+    timeout when training ends (as a node cut off then): srun would wait for its task until
+    the time limit. The first agent names it within 13 s of its stop and ends the step; the
+    job ends COMPLETED with exit 0, and nothing is left running."""
+    out, ck = work / "unacknowledged.out", work / "unacknowledged-ck"
+    job = submit(slurm_cluster, work, out, ck, epochs=EPOCHS, heartbeat_timeout=120)
+    frozen: list[int] = []
+    try:
+        assert wait_for_text(out, f"Epoch {EPOCHS}/{EPOCHS}", TIMEOUT), out.read_text(errors="replace")[-4000:]
+        frozen = agent_pids(slurm_cluster, "n3")
+        assert frozen, "no agent on n3"
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
+    finally:
+        for pid in frozen:  # gone with the step, or left for the cleanup
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        slurm_cluster.head(["scancel", str(job)], timeout=30)
+    text = out.read_text(errors="replace")
+    for line in lines_with(text, "acknowledge") + lines_with(text, "ending the step"):
+        print(line)
+    assert result == "COMPLETED" and result.exit_code == 0, text[-4000:]
+    named = lines_with(text, "the agent on n3 did not acknowledge the end of the job within 13 s")
+    assert len(named) == 1 and "HINT:" in named[0], text[-4000:]
+    assert len(lines_with(text, "ending the step (scancel ")) == 1, text[-4000:]
+    done = final_row(text)
+    assert done["step"] == EPOCHS * STEPS, done
+    assert done["accuracy"] >= 0.97, done
     assert_nothing_left(slurm_cluster, job, wait=60)
