@@ -4,6 +4,7 @@ cut during training. The job goes on on n1 and n2 in the same allocation and end
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -344,10 +345,8 @@ def test_an_agent_that_does_not_acknowledge_the_end_is_named_and_the_step_ended(
         result = slurm_cluster.wait_job(job, timeout=TIMEOUT)
     finally:
         for pid in frozen:  # gone with the step, or left for the cleanup
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         slurm_cluster.head(["scancel", str(job)], timeout=30)
     text = out.read_text(errors="replace")
     for line in lines_with(text, "acknowledge") + lines_with(text, "ending the step"):
