@@ -52,11 +52,19 @@ FOUND = [
 ]
 
 
-# In CI: each seed that once failed, replayed (about 2-3 min each).
-@pytest.mark.parametrize("layout, seed, faults, span, min_gap, epochs", FOUND)
-def test_a_seed_that_once_failed_now_ends_as_documented(slurm_cluster: SlurmTestCluster, tmp_path: Path, layout: str,
-                                                        seed: int, faults: int, span: float, min_gap: float,
-                                                        epochs: int) -> None:
+def replayed_in_this_run(index: int) -> bool:
+    """One seed of FOUND per test run, in turn by the run's chaos seed (about 2-3 min each;
+    each fix also has its unit tests); ``KERAS_DISTRIB_CHAOS_FOUND=all`` replays every one."""
+    return os.environ.get("KERAS_DISTRIB_CHAOS_FOUND") == "all" or index == SEED % len(FOUND)
+
+
+@pytest.mark.parametrize("index, layout, seed, faults, span, min_gap, epochs", [(i, *f) for i, f in enumerate(FOUND)])
+def test_a_seed_that_once_failed_now_ends_as_documented(slurm_cluster: SlurmTestCluster, tmp_path: Path, index: int,
+                                                        layout: str, seed: int, faults: int, span: float,
+                                                        min_gap: float, epochs: int) -> None:
+    if not replayed_in_this_run(index):
+        pytest.skip(f"one seed that once failed per test run (this run: {FOUND[SEED % len(FOUND)][:2]}); "
+                    "KERAS_DISTRIB_CHAOS_FOUND=all replays every one")
     if layout in ("jax", "ps-jax"):
         pytest.importorskip("jax", reason="the [jax] extra is not installed")
     runs = chaos_runs(slurm_cluster, tmp_path, layout, [seed], faults, span=span, min_gap=min_gap, epochs=epochs,
