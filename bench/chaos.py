@@ -432,6 +432,9 @@ def main() -> None:
     args = p.parse_args()
     from slurm_cluster import SlurmTestCluster
 
+    # A SIGTERM (a timeout, kill) unwinds like Ctrl-C: the test cluster is stopped, not left running.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
     ok, why = SlurmTestCluster.available()
     if not ok:
         sys.exit(f"bench/chaos.py needs the real Slurm test cluster: {why}")
