@@ -215,6 +215,29 @@ def job_state(cluster, job: int) -> str:
     return job_fields(cluster, job).get("JobState", "UNKNOWN")
 
 
+class OutputWatch:
+    """When marked lines appear in a job's output (monotonic times), reading only what is new."""
+
+    MARKS = {"trained": b'] {"step":', "requeued": b"requeued job"}
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.read = 0
+        self.seen: dict[str, list[float]] = {name: [] for name in self.MARKS}
+
+    def poll(self) -> None:
+        if not self.out.is_file():
+            return
+        start = max(0, self.read - 64)  # a mark may straddle two reads
+        with self.out.open("rb") as f:
+            f.seek(start)
+            new = f.read()
+        for name, mark in self.MARKS.items():
+            fresh = sum(1 for m in re.finditer(re.escape(mark), new) if start + m.end() > self.read)
+            self.seen[name] += [time.monotonic()] * fresh
+        self.read = start + len(new)
+
+
 def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
     """Submit, inject the schedule after the first checkpoint, wait for the end; (final state, output)."""
     import threading
@@ -226,7 +249,7 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
     job = int(cluster.head(argv, env=job_env(run.layout), cwd=work, check=True, timeout=60).stdout.split(";")[0])
     saved = {"jax": "training_metadata.json", "ps-jax": "jax-ps/epoch.json"}.get(run.layout, "ckpt-*")
     cut: dict[str, tuple[int, float]] = {}
-    trained_at: float | None = None
+    watch = OutputWatch(out)
     ended_at = deadline = time.monotonic() + timeout
     threads = []
     try:
@@ -234,20 +257,10 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
             time.sleep(0.2)
         start = time.monotonic()
 
-        read = 0  # bytes of the output already searched (a line may straddle two reads)
-
         def watch_until(moment: float) -> None:
-            """Sleep until ``moment``, noting when the first node's result line (training over) appears."""
-            nonlocal trained_at, read
+            """Sleep until ``moment``, noting when marked lines appear in the job's output."""
             while True:
-                if trained_at is None and out.is_file():
-                    start = max(0, read - 64)
-                    with out.open("rb") as f:
-                        f.seek(start)
-                        new = f.read()
-                    read = start + len(new)
-                    if b'] {"step":' in new:
-                        trained_at = time.monotonic()
+                watch.poll()
                 if time.monotonic() >= moment:
                     return
                 time.sleep(min(0.5, max(0.0, moment - time.monotonic())))
@@ -282,11 +295,15 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
         for node in list(cut):
             cluster.set_link(node, up=True)
         cluster.head(["scancel", str(job)], timeout=30)
-    if trained_at is not None:
-        run.result["ended_after_training"] = round(ended_at - trained_at, 1)
+    if watch.seen["trained"]:
+        run.result["ended_after_training"] = round(ended_at - watch.seen["trained"][0], 1)
     for index, when in run.cut_at.items():
-        if trained_at is not None and trained_at - when < UNNOTICED_CUT and "unnoticed" not in run.injected[index]:
-            run.injected[index] += f" (training ended {trained_at - when:.0f} s later: may go unnoticed)"
+        # The job's stop (training's end, a requeue) overtook the cut: its agents stop (or are
+        # cancelled) before the heartbeat timeout, and a requeue brings the node back.
+        for what, times in (("training ended", watch.seen["trained"][:1]), ("the job requeued", watch.seen["requeued"])):
+            near = [t for t in times if abs(t - when) < UNNOTICED_CUT]
+            if near and "unnoticed" not in run.injected[index]:
+                run.injected[index] += f" ({what} {near[0] - when:.0f} s later: may go unnoticed)"
     run.result["job"], run.result["checkpoints"] = job, str(ck)
     return state, out.read_text(errors="replace")
 

@@ -65,3 +65,22 @@ def test_the_chaos_check_finds_each_kind_of_spoiled_checkpoint(tmp_path: Path) -
     (tmp_path / "backup" / "training_metadata.json").write_text("{cut")
     assert checkpoint_problems(str(tmp_path))[-1].endswith("training_metadata.json is not JSON")
     assert checkpoint_problems(str(tmp_path / "missing")) == []
+
+
+def test_the_chaos_harness_notes_each_marked_line_once_as_the_output_grows(tmp_path: Path) -> None:
+    """A cut that a requeue or training's end overtook may go unnoticed: the harness needs when
+    those lines appeared, reading only what is new, a line split across two reads included."""
+    from chaos import OutputWatch
+
+    out = tmp_path / "job.out"
+    watch = OutputWatch(out)
+    watch.poll()  # no output yet
+    chunks = [b"x" * 100 + b"[n1 agent] keras_distrib: requeued job 2 (scontrol", b" requeue 2)\n",
+              b'[n1 chief:0] {"st', b'ep": 8000}\n[n1 agent] keras_distrib: requeued job 2 again\n', b""]
+    counts = []
+    for chunk in chunks:
+        with out.open("ab") as f:
+            f.write(chunk)
+        watch.poll()
+        counts.append((len(watch.seen["requeued"]), len(watch.seen["trained"])))
+    assert counts == [(1, 0), (1, 0), (1, 0), (2, 1), (2, 1)]
