@@ -180,10 +180,27 @@ def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: d
     try:
         os.kill(pid, signal.SIGSTOP if kind == "freeze" else signal.SIGKILL)
         if kind == "freeze":
-            time.sleep(fault.seconds)
-            os.kill(pid, signal.SIGCONT)
+            gone = seconds_until_gone(pid, fault.seconds)
+            if gone is None:
+                os.kill(pid, signal.SIGCONT)
+            elif gone < HANG_TIMEOUT:  # a restart for another fault replaced it: the watchdog had no time
+                run.injected[index] += f" (replaced {gone:.0f} s later, before the hang timeout: may go unnoticed)"
     except ProcessLookupError:  # gone meanwhile (the watchdog restarts a process frozen past its timeout)
         pass
+
+
+def seconds_until_gone(pid: int, seconds: float) -> float | None:
+    """Watch ``pid`` for ``seconds``: how long until it was gone (a zombie counts), None if it stayed."""
+    started = time.monotonic()
+    while (waited := time.monotonic() - started) < seconds:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return waited
+        if state in ("Z", "X"):
+            return waited
+        time.sleep(0.2)
+    return None
 
 
 def newest_file(directory: Path) -> float:

@@ -84,3 +84,26 @@ def test_the_chaos_harness_notes_each_marked_line_once_as_the_output_grows(tmp_p
         watch.poll()
         counts.append((len(watch.seen["requeued"]), len(watch.seen["trained"])))
     assert counts == [(1, 0), (1, 0), (1, 0), (2, 1), (2, 1)]
+
+
+def test_the_chaos_harness_sees_a_frozen_process_replaced_before_the_hang_timeout() -> None:
+    """A process frozen, then killed by a restart for another fault before the hang timeout,
+    may go unnoticed: the harness watches when it is gone (a zombie counts), or None if it stayed."""
+    import signal
+    import subprocess
+    import threading
+
+    from chaos import seconds_until_gone
+
+    stayed = subprocess.Popen(["sleep", "30"])
+    replaced = subprocess.Popen(["sleep", "30"])
+    try:
+        replaced.send_signal(signal.SIGSTOP)
+        threading.Timer(0.5, replaced.kill).start()  # not reaped: a zombie
+        gone = seconds_until_gone(replaced.pid, 5.0)
+        assert gone is not None and 0.4 < gone < 3.0
+        assert seconds_until_gone(stayed.pid, 0.5) is None
+    finally:
+        for proc in (stayed, replaced):
+            proc.kill()
+            proc.wait()
