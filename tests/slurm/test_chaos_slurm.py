@@ -49,6 +49,11 @@ FOUND = [
     # with DeadlineExceededError, no node was lost, and the job stopped FAILED: a lost connection
     # that no lost node explains now restarts the workers.
     ("allreduce", 14111685, 5, 60.0, 3.0, 40),
+    # The harness: a link cut 3.6 s after a preemption, as the requeue cancelled the job (no
+    # agent could name it), and a freeze whose worker a restart for another freeze replaced
+    # within 8 s, before the hang timeout: both may go unnoticed.
+    ("ps-jax", 4493372, 7, 60.0, 3.0, 40),
+    ("jax", 2883519, 5, 60.0, 3.0, 40),
 ]
 
 
