@@ -45,8 +45,9 @@ UNNOTICED_CUT = HEARTBEAT_TIMEOUT + 5.0
 # a spent budget ends the job by design, which is not what the harness is after).
 OPTIONS = ["--heartbeat-timeout", str(int(HEARTBEAT_TIMEOUT)), "--hang-timeout", str(HANG_TIMEOUT), "--checkpoint-every", "2s",
            "--max-restarts", "10"]
-#: The longest a job may take from its result line to its end: the processes' shutdown, agent
-#: 0's wait for the others to disconnect (13 s), a cut-off node's step ended, Slurm's epilogue.
+#: The longest a job may stay RUNNING after its result line: the processes' shutdown, agent 0's
+#: wait for the others to disconnect (13 s), a cut-off node's step ended and srun's return (not
+#: the COMPLETING that follows while Slurm reaches a node that was cut off).
 END_WAIT = 60.0
 #: What names each kind of fault in the job's output (a regex, given the fault's node).
 NAMED_BY = {
@@ -302,8 +303,9 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
                     if time.monotonic() - when < UNNOTICED_CUT:
                         run.injected[index] += (f" (the job stopped {time.monotonic() - when:.0f} s later, {state}: "
                                                 "may go unnoticed)")
+            if state != "RUNNING" and watch.seen["trained"] and ended_at == deadline:
+                ended_at = time.monotonic()  # the batch script is done (what the user waits for)
             if state not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "CONFIGURING", "REQUEUE_HOLD", "SUSPENDED"):
-                ended_at = time.monotonic()
                 break
             time.sleep(0.5)
         for thread in threads:
@@ -357,7 +359,7 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
         if not re.search(NAMED_BY[fault.kind].format(node=fault.node), text):
             run.problems.append(f"no line names {fault.kind} on {fault.node}")
     if run.result.get("ended_after_training", 0.0) > END_WAIT:
-        run.problems.append(f"the job ended {run.result['ended_after_training']:.0f} s after its training (more than "
+        run.problems.append(f"the job ran {run.result['ended_after_training']:.0f} s after its training (more than "
                             f"{END_WAIT:.0f} s: waited for a node?)")
     run.problems += checkpoint_problems(run.result.get("checkpoints"))
     procs, ports = cluster.leftovers(r"keras_distrib|fit\.py|fit_jax\.py", 60)
