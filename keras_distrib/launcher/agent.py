@@ -52,7 +52,7 @@ from . import control
 from .control import first_few
 from . import requeue as requeue_job
 from .children import Child, describe_exit, shell_exit_code
-from .formation import LINGER_MARGIN_S, Channel, Identity, SoloChannel, form_job
+from .formation import Channel, Identity, SoloChannel, form_job
 from .portblocks import BlockClaims
 from .spec import LaunchSpec
 from .membership import Membership, MembershipPolicy
@@ -275,7 +275,7 @@ class Agent(MembershipPolicy):
             nodes = first_few(self.identity.agent_nodes[a] for a in unacknowledged)
             self.log.warning(
                 f"the agent on {nodes} did not acknowledge the end of the job within "
-                f"{self.spec.options.shutdown_grace + LINGER_MARGIN_S:g} s (its node cut off or frozen?); the job's "
+                f"{self.channel.linger:g} s (its node cut off or frozen?); the job's "
                 f"result stands. HINT: check that node and its network; its processes may run until the scheduler gives it up.")
         if self.status.result.lost_node is not None or self.membership.silent_nodes or unacknowledged:
             self.scheduler.end_step(self.plan.scheduler, self.log.info)

@@ -67,6 +67,9 @@ class Identity:
 class Channel(Protocol):
     """What the agent's policy sends; the agents' own messages arrive as events."""
 
+    #: Seconds `close` waits for the other agents to disconnect after agent 0's Stop (0 elsewhere).
+    linger: float
+
     def to_leader(self, message: JobMessage) -> None:
         """To agent 0 (nothing on agent 0 itself)."""
 
@@ -83,6 +86,8 @@ class Channel(Protocol):
 
 class SoloChannel:
     """A job of one agent: nobody to talk to."""
+
+    linger = 0.0
 
     def to_leader(self, message: JobMessage) -> None:
         pass
@@ -125,6 +130,8 @@ class LeaderChannel:
 
 class FollowerChannel:
     """Every other agent's end: the control client, relayed as events by a thread."""
+
+    linger = 0.0
 
     def __init__(self, client: control.ControlClient, post: Callable[[Event], None]) -> None:
         self.client = client

@@ -97,6 +97,7 @@ class FakeProcesses:
 class FakeChannel:
     to_leader_sent: list[JobMessage] = field(default_factory=list)
     to_all_sent: list[JobMessage] = field(default_factory=list)
+    linger: float = 0.0
 
     def to_leader(self, message: JobMessage) -> None:
         self.to_leader_sent.append(message)
@@ -790,6 +791,7 @@ def test_agents_that_do_not_acknowledge_the_end_are_named_and_the_step_ended(
     h.agent.scheduler = replace(h.agent.scheduler, end_job_step=lambda scheduler, environ, say: ended.append(scheduler))
     h.agent.form = lambda _free=(): (h.channel, h.agent.plan)  # type: ignore[method-assign]
     h.channel.close = lambda: unacknowledged  # type: ignore[method-assign]
+    h.channel.linger = 13.0
     h.agent.status.state = State.FORMING  # as before run(), its processes started already:
     h.agent.begin = lambda _channel, _plan: h.agent._enter(State.RUNNING)  # type: ignore[method-assign]
     h.processes.named("worker:0").alive = False
