@@ -11,7 +11,8 @@ the first checkpoint: kills of a worker, a ps or the chief, freezes, link cuts (
 until the job ends or requeues), an agent killed and a --join agent started, a preemption,
 a kill as a checkpoint appears. The seed and the schedule are printed first; ``--seed S``
 replays one. Each run ends with one summary line; it passes when the job ends by itself
-with exit 0, the step counter is epochs x steps, the accuracy is within one point of the
+with exit 0, the step counter is epochs x steps, each epoch of the last run that began 30 s
+after every fault saw each example once, the accuracy is within one point of the
 undisturbed run's, every fault but a freeze (a link cut) shorter than the hang (heartbeat)
 timeout has a line that names it, and no process or port is left on any node. The last line is the tally.
 """
@@ -97,6 +98,7 @@ class Run:
     epochs: int
     injected: dict[int, str] = field(default_factory=dict)  # by the fault's index in ``faults``
     cut_at: dict[int, float] = field(default_factory=dict)  # when each link cut began (time.monotonic)
+    struck: dict[int, float] = field(default_factory=dict)  # when each fault was done (time.time, as the epochs' stamps)
     problems: list[str] = field(default_factory=list)
     result: dict = field(default_factory=dict)
 
@@ -142,6 +144,7 @@ def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: d
     kind, node = fault.kind, fault.node
     if kind in ("cut-link", "cut-link-for-good"):
         run.injected[index] = f"{kind} {node}"
+        run.struck[index] = time.time()
         cluster.set_link(node, up=False)
         run.cut_at[index] = time.monotonic()
         cut[node] = (index, run.cut_at[index])
@@ -152,6 +155,7 @@ def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: d
                 cut.pop(node, None)
         return
     if kind == "preempt":
+        run.struck[index] = time.time()
         cluster.head(["scancel", "--batch", "--signal=USR1", str(job)], timeout=30)
         run.injected[index] = f"preempt job {job}"
         return
@@ -160,6 +164,7 @@ def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: d
         if pid is None:
             run.injected[index] = f"kill-agent {node}: no agent there (skipped)"
             return
+        run.struck[index] = time.time()
         os.kill(pid, signal.SIGKILL)
         argv = ["srun", f"--jobid={job}", "-N1", "-w", node, "--overlap", "python", "-m", "keras_distrib.slurm",
                 "--join", "--layout", launcher_layout(run.layout), "--min-nodes", "2", "--requeue", *OPTIONS,
@@ -178,6 +183,7 @@ def inject(cluster, run: Run, index: int, job: int, work: Path, ck: Path, cut: d
         run.injected[index] = f"{kind} {task} on {node}: not running (skipped)"
         return
     run.injected[index] = f"{kind} {task} on {node} (pid {pid})"
+    run.struck[index] = time.time()
     try:
         os.kill(pid, signal.SIGSTOP if kind == "freeze" else signal.SIGKILL)
         if kind == "freeze":
@@ -218,10 +224,17 @@ def newest_file(directory: Path) -> float:
 def script_args(run: Run, ck: Path) -> list[str]:
     if run.layout == "jax":
         return ["fit_jax.py", str(ck), str(run.epochs)]
-    return ["fit.py", str(ck), str(run.epochs), str(STEPS)]
+    return ["fit.py", str(ck), str(run.epochs), "0", str(EXAMPLES), str(BATCH)]
 
 
-STEPS = 200
+#: fit.py's epochs are one pass over EXAMPLES rows in batches of BATCH: STEPS steps on 2 workers
+#: as on 3 (a ps layout's shards of 1/k of the rows, all-reduce's global batch of BATCH/k per
+#: worker), so the step count is the same whichever nodes a recovery leaves.
+EXAMPLES, BATCH = 9216, 48
+STEPS = EXAMPLES // BATCH
+#: An epoch that began this long after a fault ended (a freeze's SIGCONT, a link's return; a kill
+#: or a preemption ends at once) must have seen each example once: its recovery is over.
+RECOVERED_AFTER = 30.0
 
 
 def job_fields(cluster, job: int) -> dict[str, str]:
@@ -268,7 +281,8 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
     saved = {"jax": "training_metadata.json", "ps-jax": "jax-ps/epoch.json"}.get(run.layout, "ckpt-*")
     cut: dict[str, tuple[int, float]] = {}
     watch = OutputWatch(out)
-    ended_at = deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout
+    ended_at: float | None = None  # when the batch script was done, after the training
     threads = []
     try:
         while not any(ck.glob(saved)) and time.monotonic() < deadline:
@@ -303,7 +317,7 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
                     if time.monotonic() - when < UNNOTICED_CUT:
                         run.injected[index] += (f" (the job stopped {time.monotonic() - when:.0f} s later, {state}: "
                                                 "may go unnoticed)")
-            if state != "RUNNING" and watch.seen["trained"] and ended_at == deadline:
+            if state != "RUNNING" and watch.seen["trained"] and ended_at is None:
                 ended_at = time.monotonic()  # the batch script is done (what the user waits for)
             if state not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "CONFIGURING", "REQUEUE_HOLD", "SUSPENDED"):
                 break
@@ -315,7 +329,7 @@ def run_job(cluster, work: Path, run: Run, timeout: float) -> tuple[str, str]:
             cluster.set_link(node, up=True)
         cluster.head(["scancel", str(job)], timeout=30)
     if watch.seen["trained"]:
-        run.result["ended_after_training"] = round(ended_at - watch.seen["trained"][0], 1)
+        run.result["ended_after_training"] = round((ended_at or deadline) - watch.seen["trained"][0], 1)
     for index, when in run.cut_at.items():
         # The job's stop (training's end, a requeue) overtook the cut: its agents stop (or are
         # cancelled) before the heartbeat timeout, and a requeue brings the node back.
@@ -352,6 +366,7 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
         run.problems.append(f"step counter {row.get('step')}, not {steps}")
     if row and reference is not None and row.get("accuracy", 0.0) < reference - 0.01:
         run.problems.append(f"accuracy {row.get('accuracy'):.3f}, more than a point under {reference:.3f}")
+    run.problems += epoch_problems(run, row.get("epochs", []))
     for index, fault in enumerate(run.faults):
         done = run.injected.get(index, "skipped: never injected")
         if "skipped" in done or "unnoticed" in done or shorter_than_its_timeout(fault):
@@ -368,6 +383,27 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
     run.result["errors"] = len(error_lines(text))
     # Not a failure when the job recovered, but kept: the stacks of a crash inside TensorFlow.
     run.result["crashes"] = re.findall(r"Fatal Python error: ([\w ]+)", text)
+
+
+def epoch_problems(run: Run, epochs: list[list[float]]) -> list[str]:
+    """Each epoch of the job's last run that began RECOVERED_AFTER past every fault (or ended
+    before it) saw each example once (its ``seen`` metric is the data's size); the epoch that run resumed is partial.
+    Counts the epochs checked in ``run.result["exact_epochs"]``."""
+    from test_elastic_slurm import JAX_EXAMPLES
+
+    examples = JAX_EXAMPLES if run.layout == "jax" else EXAMPLES
+    busy = [(at, at + run.faults[index].seconds + RECOVERED_AFTER) for index, at in run.struck.items()]
+    problems, checked = [], 0
+    for position, (epoch, began, ended, seen) in enumerate(epochs):
+        resumed = position == 0 and epoch > 0
+        if resumed or any(began < until and ended > at for at, until in busy):
+            continue
+        checked += 1
+        if seen != examples:
+            problems.append(f"epoch {epoch + 1} saw {seen:.0f} examples, not {examples}")
+    run.result["exact_epochs"] = f"{checked} of {len(epochs)}"
+    run.result["faults_struck"] = sorted(run.struck.values())
+    return problems
 
 
 def checkpoint_problems(directory: str | None) -> list[str]:
@@ -419,7 +455,8 @@ def chaos_runs(cluster, work: Path, layout: str, seeds: list[int], count: int, *
         state, text = run_job(cluster, work, undisturbed, 900)
         check(cluster, undisturbed, state, text, None, exit_code_of(cluster, undisturbed.result["job"]))
         reference = undisturbed.result.get("accuracy")
-        print(f"{layout} undisturbed: {state}, accuracy {reference}", flush=True)
+        print(f"{layout} undisturbed: {state}, accuracy {reference}, epochs checked whole "
+              f"{undisturbed.result.get('exact_epochs')}: {'; '.join(undisturbed.problems) or 'ok'}", flush=True)
     runs = []
     for seed in seeds:
         faults = draw_schedule(seed, count, layout=layout, nodes=NODES, span=span, min_gap=min_gap)
@@ -433,7 +470,7 @@ def chaos_runs(cluster, work: Path, layout: str, seeds: list[int], count: int, *
         verdict = "ok" if not run.problems else "FAILED: " + "; ".join(run.problems)
         crashes = run.result.get("crashes")
         print(f"seed {seed} {layout}: {len(faults)} faults, step {run.result.get('step')}, accuracy "
-              f"{run.result.get('accuracy')}{f', crashes {crashes}' if crashes else ''}: {verdict}", flush=True)
+              f"{run.result.get('accuracy')}, epochs checked whole {run.result.get('exact_epochs')}{f', crashes {crashes}' if crashes else ''}: {verdict}", flush=True)
         if run.problems or crashes:
             out.mkdir(parents=True, exist_ok=True)
             (out / f"chaos-{layout}-{seed}.out").write_text(text)
@@ -461,7 +498,7 @@ def main() -> None:
     p.add_argument("--faults", type=int, default=5)
     p.add_argument("--min-gap", type=float, default=5.0, help="seconds between two faults (0: during a recovery)")
     p.add_argument("--span", type=float, default=60.0, help="seconds the faults spread over")
-    p.add_argument("--epochs", type=int, default=40, help="epochs of 200 steps (jax: of 60): longer than the faults")
+    p.add_argument("--epochs", type=int, default=40, help="epochs of 192 steps (jax: of 60): longer than the faults")
     p.add_argument("--reference", type=float, default=None,
                    help="the undisturbed accuracy to match (default: one undisturbed job per layout measures it)")
     p.add_argument("--prefix", default="kdchaos", help="the test cluster's name prefix (two runs at once need two)")
