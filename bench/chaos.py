@@ -366,7 +366,7 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
         run.problems.append(f"step counter {row.get('step')}, not {steps}")
     if row and reference is not None and row.get("accuracy", 0.0) < reference - 0.01:
         run.problems.append(f"accuracy {row.get('accuracy'):.3f}, more than a point under {reference:.3f}")
-    run.problems += epoch_problems(run, row.get("epochs", []))
+    run.problems += epoch_problems(run, epoch_records(text))
     for index, fault in enumerate(run.faults):
         done = run.injected.get(index, "skipped: never injected")
         if "skipped" in done or "unnoticed" in done or shorter_than_its_timeout(fault):
@@ -385,23 +385,32 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
     run.result["crashes"] = re.findall(r"Fatal Python error: ([\w ]+)", text)
 
 
-def epoch_problems(run: Run, epochs: list[list[float]]) -> list[str]:
-    """Each epoch of the job's last run that began RECOVERED_AFTER past every fault (or ended
-    before it) saw each example once (its ``seen`` metric is the data's size); the epoch that run resumed is partial.
-    Counts the epochs checked in ``run.result["exact_epochs"]``."""
+def epoch_records(text: str) -> list[list[float]]:
+    """The ``epoch-record [epoch, start, end, seen, pid]`` lines of the first node's chief (its
+    worker 0 where there is no chief): every epoch each run of the job trained, in order."""
+    lines = re.findall(r"^\[n1 ([\w-]+:\d+)\] epoch-record (\[.*\])\s*$", text, re.M)
+    chief = any(label.startswith("chief") for label, _ in lines)
+    return [json.loads(row) for label, row in lines if label.startswith("chief") or not chief]
+
+
+def epoch_problems(run: Run, records: list[list[float]]) -> list[str]:
+    """Each epoch any run of the job trained that began RECOVERED_AFTER past every fault (or
+    ended before it) saw each example once (its ``seen`` metric is the data's size); the first
+    epoch of a run that resumed is partial. Counts the epochs checked in ``run.result["exact_epochs"]``."""
     from test_elastic_slurm import JAX_EXAMPLES
 
     examples = JAX_EXAMPLES if run.layout == "jax" else EXAMPLES
     busy = [(at, at + run.faults[index].seconds + RECOVERED_AFTER) for index, at in run.struck.items()]
-    problems, checked = [], 0
-    for position, (epoch, began, ended, seen) in enumerate(epochs):
-        resumed = position == 0 and epoch > 0
+    problems, checked, runs = [], 0, set()
+    for epoch, began, ended, seen, pid in records:
+        resumed = pid not in runs and epoch > 0
+        runs.add(pid)
         if resumed or any(began < until and ended > at for at, until in busy):
             continue
         checked += 1
         if seen != examples:
-            problems.append(f"epoch {epoch + 1} saw {seen:.0f} examples, not {examples}")
-    run.result["exact_epochs"] = f"{checked} of {len(epochs)}"
+            problems.append(f"epoch {epoch + 1} (pid {pid}) saw {seen:.0f} examples, not {examples}")
+    run.result["exact_epochs"] = f"{checked} of {len(records)}"
     run.result["faults_struck"] = sorted(run.struck.values())
     return problems
 

@@ -19,10 +19,10 @@ from test_launcher_slurm import REPO, TIMEOUT, assert_nothing_left, error_lines,
 ELASTIC = REPO / "scripts" / "sbatch" / "elastic.sbatch"
 EPOCHS, STEPS = 3, 200
 # The TF layouts: keras_distrib.fit, checkpointed; the accuracy of the final model on all the data.
-#: What a job's result line reports of each epoch its last run trained: [epoch, wall-clock start,
-#: end, examples its steps saw] (bench/chaos.py checks that an undisturbed epoch saw the data once).
+#: Each epoch a run trains prints a line ``epoch-record [epoch, wall-clock start, end, examples
+#: its steps saw, pid]`` (bench/chaos.py checks that an undisturbed epoch saw the data once).
 EPOCH_RECORD = r'''
-import time
+import json, os, time
 import keras
 
 
@@ -44,15 +44,12 @@ class Seen(keras.metrics.Metric):
 
 
 class EpochRecord(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.epochs, self.start = [], 0.0
-
     def on_epoch_begin(self, epoch, logs=None):
         self.start = time.time()
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epochs.append([epoch, self.start, time.time(), float((logs or {}).get("seen", -1))])
+        row = [epoch, self.start, time.time(), float((logs or {}).get("seen", -1)), os.getpid()]
+        print("epoch-record", json.dumps(row), flush=True)
 '''
 # argv: directory, epochs, steps per epoch (0: one pass over the data), examples (default 2000),
 # batch size (default 32).
@@ -74,12 +71,11 @@ with strategy.scope():
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.Adam(1e-2),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy", Seen()])
-record = EpochRecord()
 keras_distrib.fit(model, (x, y), epochs=epochs, steps_per_epoch=steps, batch_size=batch_size, verbose=2, checkpoint_dir=directory,
-                  callbacks=[record])
+                  callbacks=[EpochRecord()])
 step = int(keras_distrib.trainers.trainer_for(model).global_step.numpy())
 accuracy = keras_distrib.evaluate(model, (x, y), batch_size=250, return_dict=True, verbose=0)["accuracy"]
-print(json.dumps({"step": step, "accuracy": float(accuracy), "epochs": record.epochs}), flush=True)
+print(json.dumps({"step": step, "accuracy": float(accuracy)}), flush=True)
 '''
 # The jax layout: plain model.fit, resumed by keras_distrib.backup_and_restore (docs/jax.md).
 JAX_FIT = EPOCH_RECORD + r'''
@@ -99,11 +95,10 @@ train = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2880, seed=1).batch(4
 model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
 model.compile(keras.optimizers.Adam(1e-2), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               metrics=["accuracy", Seen()])
-record = EpochRecord()
-model.fit(train, epochs=epochs, callbacks=[keras_distrib.backup_and_restore(backup), record], verbose=2 if info.is_chief else 0)
+model.fit(train, epochs=epochs, callbacks=[keras_distrib.backup_and_restore(backup), EpochRecord()], verbose=2 if info.is_chief else 0)
 accuracy = model.evaluate(tf.data.Dataset.from_tensor_slices((x, y)).batch(240), return_dict=True, verbose=0)["accuracy"]
 if info.is_chief:
-    print(json.dumps({"step": int(model.optimizer.iterations.numpy()), "accuracy": float(accuracy), "epochs": record.epochs}), flush=True)
+    print(json.dumps({"step": int(model.optimizer.iterations.numpy()), "accuracy": float(accuracy)}), flush=True)
 '''
 JAX_EPOCHS, JAX_EXAMPLES = 8, 2880
 JAX_STEPS = JAX_EXAMPLES // 48

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -110,23 +111,27 @@ def test_the_chaos_harness_sees_a_frozen_process_replaced_before_the_hang_timeou
 
 
 def test_the_chaos_check_wants_each_quiet_epoch_to_see_every_example_once() -> None:
-    """An epoch of the last run that began 30 s after every fault, or ended before the first,
-    must have seen the data's size; the resumed epoch and those a fault overlapped are not checked."""
+    """An epoch of any run that began 30 s after every fault, or ended before the first, must
+    have seen the data's size; a run's resumed first epoch and those a fault overlapped are not checked."""
     from _faults import Fault
-    from chaos import EXAMPLES, RECOVERED_AFTER, Run, epoch_problems
+    from chaos import EXAMPLES, RECOVERED_AFTER, Run, epoch_problems, epoch_records
 
     run = Run("ps-per-node", 1, [Fault(5.0, "kill-worker", "n2"), Fault(9.0, "freeze", "n3", seconds=20.0)], 40)
     run.struck = {0: 1000.0, 1: 1010.0}
     quiet = 1010.0 + 20.0 + RECOVERED_AFTER
-    epochs = [
-        [3, 900.0, 990.0, 4000.0],               # the epoch this run resumed: partial
-        [4, 990.0, 999.0, EXAMPLES],              # ended before the first fault: whole
-        [5, 999.0, 1005.0, EXAMPLES + 48],        # the kill within it: a lost closure's batch seen twice
-        [6, quiet - 1.0, quiet + 5.0, 100.0],     # began during the freeze's recovery
-        [7, quiet + 1.0, quiet + 5.0, EXAMPLES],
-        [8, quiet + 5.0, quiet + 9.0, EXAMPLES - 48],
-    ]
-    assert epoch_problems(run, epochs) == [f"epoch 9 saw {EXAMPLES - 48} examples, not {EXAMPLES}"]
+    text = "\n".join(f"[{node} {label}] epoch-record {json.dumps(row)}" for node, label, row in [
+        ("n1", "chief:0", [3, 900.0, 990.0, 4000.0, 11]),              # the first run resumed: partial
+        ("n1", "chief:0", [4, 990.0, 999.0, EXAMPLES, 11]),             # ended before the first fault: whole
+        ("n1", "chief:0", [5, 999.0, 1005.0, EXAMPLES + 48, 11]),       # the kill within it: a batch seen twice
+        ("n1", "worker:0", [5, 999.0, 1005.0, 7.0, 12]),                # a worker's own line: not the chief's
+        ("n2", "chief:0", [5, 999.0, 1005.0, 7.0, 13]),                 # not the first node
+        ("n1", "chief:0", [5, quiet - 10.0, quiet + 2.0, EXAMPLES - 96, 14]),  # the next run's resumed epoch
+        ("n1", "chief:0", [6, quiet + 2.0, quiet + 5.0, EXAMPLES, 14]),
+        ("n1", "chief:0", [7, quiet + 5.0, quiet + 9.0, EXAMPLES - 48, 14]),
+    ]) + "\n[n1 chief:0] Epoch 8/40\n"
+    records = epoch_records(text)
+    assert [r[4] for r in records] == [11, 11, 11, 14, 14, 14]
+    assert epoch_problems(run, records) == [f"epoch 8 (pid 14) saw {EXAMPLES - 48} examples, not {EXAMPLES}"]
     assert run.result["exact_epochs"] == "3 of 6"
-    run.struck = {}  # nothing injected (all skipped): every epoch but the resumed one counts
-    assert len(epoch_problems(run, epochs)) == 3 and run.result["exact_epochs"] == "5 of 6"
+    run.struck = {}  # nothing injected (all skipped): every epoch but the resumed ones counts
+    assert len(epoch_problems(run, records)) == 2 and run.result["exact_epochs"] == "4 of 6"
