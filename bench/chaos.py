@@ -11,8 +11,8 @@ the first checkpoint: kills of a worker, a ps or the chief, freezes, link cuts (
 until the job ends or requeues), an agent killed and a --join agent started, a preemption,
 a kill as a checkpoint appears. The seed and the schedule are printed first; ``--seed S``
 replays one. Each run ends with one summary line; it passes when the job ends by itself
-with exit 0, the step counter is epochs x steps, each epoch of the last run that began 30 s
-after every fault saw each example once, the accuracy is within one point of the
+with exit 0, the step counter is epochs x steps, each epoch (of every run of the job) that
+began 30 s after every fault saw each example once, the accuracy is within one point of the
 undisturbed run's, every fault but a freeze (a link cut) shorter than the hang (heartbeat)
 timeout has a line that names it, and no process or port is left on any node. The last line is the tally.
 """
