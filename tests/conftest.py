@@ -31,25 +31,26 @@ def work_unit(nodeid: str) -> str:
     return "real-clusters" if path.startswith(REAL_CLUSTER_FOLDERS) else path
 
 
-# Seconds of test time per work unit in CI (2026-11-27 15:22, tests/ --durations=0); a unit not
-# listed counts by its folder. The longest units start first, so neither xdist worker is
-# left with a long one at the end (the real clusters ran alone for 5 minutes last).
+# Seconds of test time per work unit in CI (from a whole run's test times on 2 cores, the
+# rotating grids at their share); a unit not listed counts by its folder. The longest units
+# start first, so neither xdist worker is left with a long one at the end.
 UNIT_SECONDS = {
-    "tests/local/test_exact_epochs.py": 470,
-    "tests/local/test_metric_contract.py": 700,
-    "real-clusters": 1300,
-    "tests/local/test_bench_smoke.py": 400,
-    "tests/local/test_ps_trainer.py": 380,
+    "real-clusters": 1700,
+    "tests/local/test_jax_ps_local.py": 920,
+    "tests/local/test_ps_trainer.py": 720,
+    "tests/local/test_bench_smoke.py": 650,
+    "tests/local/test_metric_contract.py": 450,
+    "tests/local/test_resilience_local.py": 430,
+    "tests/local/test_exact_epochs.py": 380,
+    "tests/local/test_hangs_local.py": 320,
+    "tests/local/test_allreduce_trainer.py": 290,
+    "tests/local/test_examples_local.py": 270,
     "tests/local/test_custom_steps.py": 230,
-    "tests/local/test_hangs_local.py": 180,
-    "tests/local/test_jax_layout.py": 180,
-    "tests/local/test_tuner_local.py": 150,
-    "tests/local/test_examples_local.py": 165,
-    "tests/local/test_resilience_local.py": 100,
-    "tests/local/test_lookup_layers.py": 85,
-    "tests/local/test_allreduce_trainer.py": 70,
+    "tests/local/test_tuner_local.py": 180,
+    "tests/local/test_jax_layout.py": 170,
+    "tests/local/test_lookup_layers.py": 140,
     "tests/local/test_elastic_local.py": 60,
-    "tests/local/test_once.py": 45,
+    "tests/local/test_once.py": 60,
 }
 FOLDER_SECONDS = {"local": 30, "unit": 2}
 
@@ -65,24 +66,55 @@ FAST_IMPORTS = Path(__file__).parent / "fast_imports"
 def pytest_configure(config: pytest.Config) -> None:
     """Every process the suite starts (xdist's workers, launchers, jobs) inherits
     ``fast_imports/sitecustomize.py``: ``import tensorflow, keras`` at half its CPU cost."""
-    # One chaos seed per run (tests/slurm/test_chaos_slurm.py), drawn here so xdist's workers
-    # inherit it and the header names it.
-    os.environ.setdefault("KERAS_DISTRIB_CHAOS_SEED", str(int.from_bytes(os.urandom(3), "big")))
+    # One seed per run, drawn here so xdist's workers inherit it and the header names it: the
+    # rotating grids' cases and tests/slurm/test_chaos_slurm.py's schedules.
+    os.environ.setdefault("KERAS_DISTRIB_TEST_SEED", str(int.from_bytes(os.urandom(3), "big")))
+    os.environ.setdefault("KERAS_DISTRIB_CHAOS_SEED", os.environ["KERAS_DISTRIB_TEST_SEED"])
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(FAST_IMPORTS) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAST_IMPORTS), *paths]))
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    seed = os.environ["KERAS_DISTRIB_CHAOS_SEED"]
-    return f"chaos seed: {seed} (KERAS_DISTRIB_CHAOS_SEED={seed} replays tests/slurm/test_chaos_slurm.py's schedules)"
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    seed, chaos = os.environ["KERAS_DISTRIB_TEST_SEED"], os.environ["KERAS_DISTRIB_CHAOS_SEED"]
+    return [f"test seed: {seed} (KERAS_DISTRIB_TEST_SEED={seed} runs the same cases of the rotating grids; "
+            f"{FULL_GRID}=1 runs every case)",
+            f"chaos seed: {chaos} (KERAS_DISTRIB_CHAOS_SEED={chaos} replays tests/slurm/test_chaos_slurm.py's schedules)"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: ``@pytest.mark.rotating(n)`` on a parametrized test: each run runs one case in n, in turn by
+#: the run's seed, so n runs cover the grid (a grid too long to run whole in every CI run).
+FULL_GRID = "KERAS_DISTRIB_FULL_GRID"
+
+
+def rotate_out(items: list[pytest.Item], args: list[str]) -> None:
+    """Skips the cases of rotating grids that are not this run's, with a reason naming the
+    run's; a case named on the command line runs."""
+    if os.environ.get(FULL_GRID) == "1":
+        return
+    seed = int(os.environ["KERAS_DISTRIB_TEST_SEED"])
+    grids: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        if item.get_closest_marker("rotating") is not None:
+            grids.setdefault(item.nodeid.split("[", 1)[0], []).append(item)
+    for cases in grids.values():
+        every = cases[0].get_closest_marker("rotating").args[0]
+        # The case's place in its (one) parametrize list, not among the collected: -k keeps the choice.
+        place = {item: max(item.callspec.indices.values()) for item in cases}
+        ours = [item for item in cases if (place[item] + seed) % every == 0]
+        names = ", ".join(item.nodeid.split("[", 1)[1].rstrip("]") for item in ours)
+        for item in cases:
+            if item not in ours and not any(arg.endswith(item.nodeid) for arg in args):
+                item.add_marker(pytest.mark.skip(reason=f"rotating grid: one case in {every} per run; this run "
+                                                        f"(test seed {seed}) runs [{names}]; {FULL_GRID}=1 runs every case"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         folder = Path(str(item.fspath)).parent.name
         if folder in _FOLDER_MARKS:
             item.add_marker(_FOLDER_MARKS[folder])
+    rotate_out(items, config.args)
     # xdist's workers report this order; the scheduler below keeps it (--no-loadscope-reorder).
     position = {}
     for item in items:

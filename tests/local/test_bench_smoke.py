@@ -50,7 +50,9 @@ def bench_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("program", PROGRAMS)
+#: A third of the programs per run (each 0.1-2.5 minutes), in turn (tests/conftest.py).
+@pytest.mark.rotating(3)
+@pytest.mark.parametrize("program", [p for p in PROGRAMS if p != "jax_ps_throughput"])  # with --accuracy below
 def test_smoke(program: str, tmp_path: Path) -> None:
     model, row = SMOKE_MODELS.get(program, (None, None))
     extra = ["--models", model] if model else []

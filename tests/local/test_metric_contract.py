@@ -119,6 +119,9 @@ ALL_CASES = ["metrics", "losses", "class_weight"]
 CASES = {("jax", 3): ["metrics"]}
 
 
+#: Two cases per run (about 4-6 minutes each on 2 cores), in turn (tests/conftest.py): a
+#: parameter-server case and a synchronous one each time, all eight in four runs.
+@pytest.mark.rotating(4)
 @pytest.mark.parametrize("layout,workers", GRID, ids=[f"{layout}-{w}" for layout, w in GRID])
 def test_every_metric_and_loss_equals_plain_keras(layout: str, workers: int, tmp_path: Path) -> None:
     if layout == "jax":

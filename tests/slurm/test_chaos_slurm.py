@@ -1,7 +1,8 @@
-"""A short chaos schedule per layout on the real Slurm test cluster (bench/chaos.py): a few
-faults in one job, one seed that changes every run and is printed in the session's header
-(replay it with ``KERAS_DISTRIB_CHAOS_SEED=S``, or ``python bench/chaos.py --layouts LAYOUT
---seed S --faults 3 --span 25 --min-gap 3 --epochs 15 --reference 0.98``)."""
+"""A short chaos schedule on the real Slurm test cluster (bench/chaos.py): a few faults in one
+job, two layouts per run, one seed that changes every run and is printed in the session's
+header (replay the run's layouts and schedule with ``KERAS_DISTRIB_TEST_SEED=S``, or one with
+``python bench/chaos.py --layouts LAYOUT --seed S --faults 3 --span 25 --min-gap 3 --epochs 15
+--reference 0.98``)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ UNDISTURBED = 0.98
 SEED = int(os.environ.get("KERAS_DISTRIB_CHAOS_SEED") or int.from_bytes(os.urandom(3), "big"))
 
 
-# In CI: about 1-2 minutes a layout.
-@pytest.mark.parametrize("layout", ["ps-per-node", "ps-jax", "allreduce", "jax"])
+# In CI: two layouts per run (about 2-3 minutes each), in turn (tests/conftest.py): a
+# TensorFlow and a JAX one, a parameter-server and a synchronous one.
+@pytest.mark.rotating(2)
+@pytest.mark.parametrize("layout", ["ps-per-node", "allreduce", "jax", "ps-jax"])
 def test_a_short_chaos_schedule_ends_as_documented(slurm_cluster: SlurmTestCluster, tmp_path: Path,
                                                    layout: str) -> None:
     if layout in ("jax", "ps-jax"):
@@ -57,19 +60,13 @@ FOUND = [
 ]
 
 
-def replayed_in_this_run(index: int) -> bool:
-    """One seed of FOUND per test run, in turn by the run's chaos seed (about 2-3 min each;
-    each fix also has its unit tests); ``KERAS_DISTRIB_CHAOS_FOUND=all`` replays every one."""
-    return os.environ.get("KERAS_DISTRIB_CHAOS_FOUND") == "all" or index == SEED % len(FOUND)
-
-
-@pytest.mark.parametrize("index, layout, seed, faults, span, min_gap, epochs", [(i, *f) for i, f in enumerate(FOUND)])
-def test_a_seed_that_once_failed_now_ends_as_documented(slurm_cluster: SlurmTestCluster, tmp_path: Path, index: int,
-                                                        layout: str, seed: int, faults: int, span: float,
-                                                        min_gap: float, epochs: int) -> None:
-    if not replayed_in_this_run(index):
-        pytest.skip(f"one seed that once failed per test run (this run: {FOUND[SEED % len(FOUND)][:2]}); "
-                    "KERAS_DISTRIB_CHAOS_FOUND=all replays every one")
+# One seed of FOUND per test run (about 2-3 minutes each; each fix also has its unit tests),
+# in turn (tests/conftest.py).
+@pytest.mark.rotating(len(FOUND))
+@pytest.mark.parametrize("layout, seed, faults, span, min_gap, epochs", FOUND)
+def test_a_seed_that_once_failed_now_ends_as_documented(slurm_cluster: SlurmTestCluster, tmp_path: Path, layout: str,
+                                                        seed: int, faults: int, span: float, min_gap: float,
+                                                        epochs: int) -> None:
     if layout in ("jax", "ps-jax"):
         pytest.importorskip("jax", reason="the [jax] extra is not installed")
     runs = chaos_runs(slurm_cluster, tmp_path, layout, [seed], faults, span=span, min_gap=min_gap, epochs=epochs,
