@@ -298,6 +298,37 @@ def make_increments_atomic(variable: Any) -> None:
     variable.assign_add = types.MethodType(_atomic_assign_add, variable)
 
 
+#: Messages of a worker RPC that a peer's failure broke in transit (gRPC INTERNAL): CI saw
+#: "Unable to parse request" on a healthy worker's result fetch as a worker on another node
+#: was killed.
+BROKEN_WORKER_RPC = ("Unable to parse request",)
+
+
+def count_broken_worker_rpcs_as_worker_failures() -> None:
+    """Make the coordinator treat a worker RPC broken in transit as that worker's failure: it
+    checks the worker, then runs the closure again, as for a lost connection.
+
+    Upstream: TensorFlow's ``cluster_coordinator._is_worker_failure`` decides which errors of a
+    closure are a worker's failure (Unavailable, Aborted, and a list of rare ones "observed in
+    large-scale testing"); any other error fails every closure in flight and raises at the next
+    ``schedule`` or ``join``, ending the chief's ``fit``. Idempotent.
+    """
+    import tensorflow as tf
+    from tensorflow.python.distribute.coordinator import cluster_coordinator
+
+    upstream = cluster_coordinator._is_worker_failure
+    if getattr(upstream, "counts_broken_rpcs", False):
+        return
+
+    def is_worker_failure(error: Exception) -> bool:
+        text = str(error)
+        return upstream(error) or (isinstance(error, tf.errors.InternalError) and "/job:worker" in text
+                                   and any(message in text for message in BROKEN_WORKER_RPC))
+
+    is_worker_failure.counts_broken_rpcs = True  # type: ignore[attr-defined]
+    cluster_coordinator._is_worker_failure = is_worker_failure
+
+
 def rows_with_logits(t: Any, real: Any) -> Any:
     """The rows of ``t`` where ``real`` is True, carrying the logits of a sigmoid or softmax
     output. Upstream: Keras' cross-entropies compute from the ``_keras_logits`` its

@@ -55,6 +55,7 @@ class ParameterServerTrainer(Trainer):
         self._mode = PsMode.DEFAULT
         refuse_keras_loops(model)  # a model built under strategy.scope() gets the clear error too
         warn_tables_on_the_chief(model)
+        private.count_broken_worker_rpcs_as_worker_failures()
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.strategy)
         self.num_workers = len(private.coordinator_workers(self.coordinator))
         with placement_scope(model), self.strategy.scope():
