@@ -434,7 +434,6 @@ def epoch_problems(run: Run, records: list[list[float]]) -> list[str]:
         if seen != examples:
             problems.append(f"epoch {epoch + 1} (pid {pid}) saw {seen:.0f} examples, not {examples}")
     run.result["exact_epochs"] = f"{checked} of {len(records)}"
-    run.result["faults_struck"] = sorted(run.struck.values())
     return problems
 
 
