@@ -11,8 +11,7 @@ the first checkpoint: kills of a worker, a ps or the chief, freezes, link cuts (
 until the job ends or requeues), an agent killed and a --join agent started, a preemption,
 a kill as a checkpoint appears. The seed and the schedule are printed first; ``--seed S``
 replays one. Each run ends with one summary line; it passes when the job ends by itself
-with exit 0, the step counter is epochs x steps (or over by the closures the chief named as
-lost with their workers: docs/faults.md's at-least-once window), each epoch (of every run of the job) that
+with exit 0, the step counter is epochs x steps, each epoch (of every run of the job) that
 began 30 s after every fault saw each example once, the accuracy is within one point of the
 undisturbed run's, every fault but a freeze (a link cut) shorter than the hang (heartbeat)
 timeout has a line that names it, and no process or port is left on any node. The last line is the tally.
@@ -349,27 +348,6 @@ def shorter_than_its_timeout(fault: Fault) -> bool:
     return timeout is not None and fault.seconds < timeout + 5
 
 
-LOST_RESULT = re.compile(r"the result of a closure \((\d+) steps\) was lost with its worker before the chief read it")
-
-
-def counted_again_at_most(text: str) -> int:
-    """The steps the ps layout's step counter may count twice: the documented at-least-once
-    window (docs/faults.md, Restarts), a closure whose worker died after it counted and before
-    the chief read its result, so the coordinator ran it again. The chief names each such
-    closure with its steps."""
-    return sum(int(n) for n in LOST_RESULT.findall(text))
-
-
-def counter_problems(step: int | None, steps: int, text: str) -> list[str]:
-    """The step counter must be ``steps``, or over it by no more than the closures the chief
-    named as lost with their workers (`counted_again_at_most`)."""
-    window = counted_again_at_most(text)
-    if step is not None and steps <= step <= steps + window:
-        return []
-    return [f"step counter {step}, not {steps}" + (f" (nor up to {steps + window}: {window} steps of closures lost "
-                                                   "with their workers)" if window else "")]
-
-
 def check(cluster, run: Run, state: str, text: str, reference: float | None, exit_code: int | None) -> None:
     """What every run must show; problems go to ``run.problems``."""
     from test_elastic_slurm import JAX_STEPS, final_row
@@ -384,9 +362,8 @@ def check(cluster, run: Run, state: str, text: str, reference: float | None, exi
         run.problems.append("no result line from the first node")
     run.result.update(row)
     steps = run.epochs * (JAX_STEPS if run.layout == "jax" else STEPS)
-    if row:
-        run.problems += counter_problems(row.get("step"), steps, text)
-        run.result["counted_again"] = (row.get("step") or steps) - steps  # the summary line says so
+    if row and row.get("step") != steps:
+        run.problems.append(f"step counter {row.get('step')}, not {steps}")
     if row and reference is not None and row.get("accuracy", 0.0) < reference - 0.01:
         run.problems.append(f"accuracy {row.get('accuracy'):.3f}, more than a point under {reference:.3f}")
     run.problems += epoch_problems(run, epoch_records(text))
@@ -500,8 +477,7 @@ def chaos_runs(cluster, work: Path, layout: str, seeds: list[int], count: int, *
             print(f"  injected: {run.injected[index]}", flush=True)
         verdict = "ok" if not run.problems else "FAILED: " + "; ".join(run.problems)
         crashes = run.result.get("crashes")
-        again = f" ({run.result['counted_again']} counted again)" if run.result.get("counted_again") else ""
-        print(f"seed {seed} {layout}: {len(faults)} faults, step {run.result.get('step')}{again}, accuracy "
+        print(f"seed {seed} {layout}: {len(faults)} faults, step {run.result.get('step')}, accuracy "
               f"{run.result.get('accuracy')}, epochs checked whole {run.result.get('exact_epochs')}{f', crashes {crashes}' if crashes else ''}: {verdict}", flush=True)
         if run.problems or crashes:
             out.mkdir(parents=True, exist_ok=True)

@@ -55,3 +55,18 @@ def test_batches_give_the_fetched_one_first_then_the_rest() -> None:
     batches = Batches(iterator, first)
     got = [next(batches).numpy().tolist() for _ in range(int(left))]
     assert got == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("base,folded,lost,counted,want", [
+    (0, 300, [], 300, None),            # no closure ran again
+    (7200, 471, [9], 7689, 7680),       # CI's chaos replay: a closure of 9 counted twice, its result lost
+    (2400, 408, [], 2818, 2808),        # a closure ran again, its re-run's result folded: counted twice
+    (100, 90, [10], 200, None),         # its result lost, counted once: as it should be
+    (100, 90, [10], 195, None),         # the lost one ran fewer steps (its shard's end): never raised
+    (0, 40, [10, 10], 80, 60),          # two lost closures, one of them run twice
+])
+def test_the_chief_sets_a_step_counter_that_counted_a_closure_twice_back(base: int, folded: int, lost: list[int],
+                                                                         counted: int, want: int | None) -> None:
+    from keras_distrib.trainers.ps.chief import settled_step
+
+    assert settled_step(base, folded, lost, counted) == want

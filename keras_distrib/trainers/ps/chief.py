@@ -19,6 +19,20 @@ from .handout import HandOut, files_changed, shards_can_fill, sizes_kept
 logger = logging.getLogger(__name__)
 
 
+def settled_step(base: int, folded: int, lost: list[int], counted: int) -> int | None:
+    """The step counter a training run's closures should have left, once every one has landed,
+    where it counted more (else None).
+
+    ``base``: the counter as the run began; ``folded``: the steps of the results the chief
+    folded; ``lost``: the steps of those whose results were lost with their workers (each ran);
+    ``counted``: the counter read now. Each closure counts its steps on the ps as its last act;
+    one whose worker is lost after that, before the chief has its result, is run again by the
+    coordinator and counts again.
+    """
+    expected = base + folded + sum(lost)
+    return expected if counted > expected else None
+
+
 class ClosureQueue:
     """Closures in flight on the workers: scheduled while the run wants more (its window
     allows, it is not complete), folded oldest first, until none is left in flight."""
@@ -84,6 +98,7 @@ class EpochRun(ClosureQueue):
         # may run after guarded ones that read its shard to the end, and find the end (`end`).
         self.run_again = private.closures_run_again(trainer.coordinator)
         self.stopped = self.by_hook = False
+        self.base_step = int(trainer.global_step.numpy()) if training else 0
 
     def _sure_steps(self) -> list[int] | None:
         """Each shard's known steps, where closures it can fill may run unguarded (else None)."""
@@ -104,7 +119,23 @@ class EpochRun(ClosureQueue):
                 self.schedule.trace(*closure.args())
         with sizes_kept(inp, trainer.coordinator):
             self.drain()
+        self.settle_step_counter()
         return self.end()
+
+    def settle_step_counter(self) -> None:
+        """With every closure landed, after a worker failed in this run: a closure run again
+        counts again (`settled_step`); the counter is set back to the steps run, so it stays
+        epochs x steps. That closure's updates were applied twice."""
+        failed_over = private.closures_run_again(self.trainer.coordinator) != self.run_again
+        if not self.training or not (failed_over or self.lost):
+            return
+        counted = int(self.trainer.global_step.numpy())
+        settled = settled_step(self.base_step, self.totals.steps, self.lost, counted)
+        if settled is not None:
+            self.trainer.global_step.assign(settled)
+            logger.warning("a closure ran again after its worker failed and counted its steps twice (the step "
+                           "counter read %d, not %d); the counter is set back to %d. Its updates were applied "
+                           "twice, as a lost attempt's are.", counted, settled, settled)
 
     def wants_more(self) -> bool:
         return (not self.stopped and not self.complete()
@@ -147,6 +178,7 @@ class EpochRun(ClosureQueue):
             # so the saved step counter is exact, then save (and stop if preempted).
             while self.pending:  # every part before the checkpoint has run
                 self.fold_oldest()
+            self.settle_step_counter()
             self.trainer._after_train_epoch()
             self.hooks.checkpoint_now()
 
