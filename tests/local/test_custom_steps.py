@@ -135,6 +135,9 @@ def test_reference_is_plain_keras(reference: dict[str, Any]) -> None:
 
 # 2 workers in one layout and 3 in the other (both shard 203 unevenly), and one worker with 2
 # replicas below: each layout and worker count once (all four ran 96 s more in CI).
+#: One trainer per run (2-4 minutes each on 2 cores), in turn (tests/conftest.py); one
+#: all-reduce worker with two replicas runs the steps below in every run.
+@pytest.mark.rotating(2)
 @pytest.mark.parametrize("layout,workers", [("ps-per-node", 2), ("allreduce", 3)])
 def test_own_steps_run_in_every_layout(reference: dict[str, Any], layout: str, workers: int) -> None:
     procs = run_script_cluster(SCRIPT, [], num_workers=workers, num_ps=1 if layout != "allreduce" else 0,

@@ -126,6 +126,12 @@ class Queues:
         for queue in self.histories:
             queue.put(np.array([[history.encode()]], dtype=object))
 
+    def fit_ended(self, worker: int) -> bool:
+        """A worker's, before it runs a part: whether the chief has sent its History (it does
+        so after the fit's last fold, before the stops), so the parts still queued ahead of the
+        stop are not needed."""
+        return self.histories[worker].size() > 0
+
     def take_history(self, worker: int) -> str | None:
         """A worker's, after its stop: the History the chief sent (None: none came)."""
         queue = self.histories[worker]
