@@ -35,11 +35,11 @@ def work_unit(nodeid: str) -> str:
 # rotating grids at their share); a unit not listed counts by its folder. The longest units
 # start first, so neither xdist worker is left with a long one at the end.
 UNIT_SECONDS = {
-    "real-clusters": 1700,
-    "tests/local/test_jax_ps_local.py": 920,
+    "real-clusters": 2150,
+    "tests/local/test_jax_ps_local.py": 1100,
     "tests/local/test_ps_trainer.py": 720,
     "tests/local/test_bench_smoke.py": 650,
-    "tests/local/test_metric_contract.py": 450,
+    "tests/local/test_metric_contract.py": 520,
     "tests/local/test_resilience_local.py": 430,
     "tests/local/test_exact_epochs.py": 380,
     "tests/local/test_hangs_local.py": 320,
