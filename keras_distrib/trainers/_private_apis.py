@@ -298,9 +298,8 @@ def make_increments_atomic(variable: Any) -> None:
     variable.assign_add = types.MethodType(_atomic_assign_add, variable)
 
 
-#: Messages of a worker RPC that a peer's failure broke in transit (gRPC INTERNAL): CI saw
-#: "Unable to parse request" on a healthy worker's result fetch as a worker on another node
-#: was killed.
+#: Messages of a worker RPC that a peer's failure broke in transit (gRPC INTERNAL), as a
+#: healthy worker's result fetch reports it while a worker on another node is killed.
 BROKEN_WORKER_RPC = ("Unable to parse request",)
 
 

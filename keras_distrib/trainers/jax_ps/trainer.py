@@ -215,7 +215,7 @@ class Run:
         self.queues.report(0, HELLO, me, pid, report_size=size)
         counted = False
         while (part := self.queues.next_part(me)).epoch != STOP:
-            if self.queues.fit_ended(me):  # a loaded worker would run them for tens of seconds (CI)
+            if self.queues.fit_ended(me):  # not needed: a loaded worker would spend tens of seconds on them
                 continue
             self.queues.report(part.run, STARTED, me, pid, part.epoch, part.first, report_size=size)
             if not counted:

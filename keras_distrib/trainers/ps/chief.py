@@ -126,8 +126,7 @@ class EpochRun(ClosureQueue):
         """With every closure landed, after a worker failed in this run: a closure run again
         counts again (`settled_step`); the counter is set back to the steps run, so it stays
         epochs x steps. That closure's updates were applied twice."""
-        failed_over = private.closures_run_again(self.trainer.coordinator) != self.run_again
-        if not self.training or not (failed_over or self.lost):
+        if not self.training or not (self.failed_over() or self.lost):
             return
         counted = int(self.trainer.global_step.numpy())
         settled = settled_step(self.base_step, self.totals.steps, self.lost, counted)
@@ -136,6 +135,11 @@ class EpochRun(ClosureQueue):
             logger.warning("a closure ran again after its worker failed and counted its steps twice (the step "
                            "counter read %d, not %d); the counter is set back to %d. Its updates were applied "
                            "twice, as a lost attempt's are.", counted, settled, settled)
+
+    def failed_over(self) -> bool:
+        """Whether a closure was queued again in this run (its worker failed): the epoch's
+        shards were read anew, and a closure may have counted twice."""
+        return private.closures_run_again(self.trainer.coordinator) != self.run_again
 
     def wants_more(self) -> bool:
         return (not self.stopped and not self.complete()
@@ -231,8 +235,7 @@ class EpochRun(ClosureQueue):
         early (after a worker failed and its closures ran again: a warning; else changed
         files: an error), and the first epoch's count of each shard of files learned."""
         inp, workers = self.inp, self.trainer.num_workers
-        # A closure queued again (its worker failed): this epoch's shards were read anew.
-        failed_over = private.closures_run_again(self.trainer.coordinator) != self.run_again
+        failed_over = self.failed_over()
         if self.training and (failed_over or self.lost):
             self.trainer.workers_recovered = True  # this epoch's rates say nothing of a worker's speed
         if self.ended_early:
