@@ -329,6 +329,9 @@ class AllReduceTrainer(Trainer):
         return EpochInput(self.strategy, source, per_replica=per_replica, shuffle=shuffle, seed=seed, repeat=repeat,
                           own_step=own, pipelines=pipelines)
 
+    def _release(self, inp: EpochInput) -> None:
+        inp.close()
+
     def _input_pipelines(self) -> tuple[int, int]:
         """(this worker's input pipeline index, number of pipelines): one per task."""
         resolver = self.strategy.cluster_resolver

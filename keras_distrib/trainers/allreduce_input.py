@@ -238,6 +238,14 @@ class EpochInput:
         if self.sizes.take(counts):
             self.counts = counts
 
+    def close(self) -> None:
+        """Let go of the iterators this input holds between epochs (the fit's stream, a repeated
+        input's iterator), at the fit's end while every worker still runs. Contract: an iterator
+        left to Python's collector is freed at the process's exit, where its destructor waits for
+        its peers' (up to a minute after a peer has exited: the job's end held that long)."""
+        self._stream.drop()
+        self._persistent = None
+
     def end_stream(self) -> None:
         """The epoch did not take all its batches: the next one starts a fresh iterator."""
         self._stream.drop()

@@ -148,6 +148,9 @@ class Trainer:
     def _after_train_epoch(self) -> None:
         """Called once an epoch's training steps are all done (before validation)."""
 
+    def _release(self, inp: Any) -> None:
+        """Called by every process when ``fit``'s epochs are done: free what ``inp`` holds."""
+
     def _share_epoch_state(self) -> None:
         """Called by every process in ``fit`` after `_after_train_epoch` (a collective may run)."""
 
@@ -366,6 +369,7 @@ class Trainer:
                                            resume_steps=target - done_in_epoch if done_in_epoch else None,
                                            resume_callbacks=(callbacks, restored.callbacks if restored else None),
                                            report=verbose != 0)
+            self._release(train)
             outcome = "stopped early by a callback" if self.model.stop_training else "finished"
             return history
         except Preempted:
