@@ -1,6 +1,6 @@
 """A short chaos schedule on the real Slurm test cluster (bench/chaos.py): a few faults in one
-job, two layouts per run, one seed that changes every run and is printed in the session's
-header (replay the run's layouts and schedule with ``KERAS_DISTRIB_TEST_SEED=S``, or one with
+job, on every layout, one seed that changes every run and is printed in the session's
+header (replay the run's schedules with ``KERAS_DISTRIB_TEST_SEED=S``, or one with
 ``python bench/chaos.py --layouts LAYOUT --seed S --faults 3 --span 25 --min-gap 3 --epochs 15
 --reference 0.98``)."""
 
@@ -22,9 +22,7 @@ UNDISTURBED = 0.98
 SEED = int(os.environ.get("KERAS_DISTRIB_CHAOS_SEED") or int.from_bytes(os.urandom(3), "big"))
 
 
-# In CI: two layouts per run (about 2-3 minutes each), in turn (tests/conftest.py): a
-# TensorFlow and a JAX one, a parameter-server and a synchronous one.
-@pytest.mark.rotating(2)
+# In CI: every layout in every run (about 2-3 minutes each).
 @pytest.mark.parametrize("layout", ["ps-per-node", "allreduce", "jax", "ps-jax"])
 def test_a_short_chaos_schedule_ends_as_documented(slurm_cluster: SlurmTestCluster, tmp_path: Path,
                                                    layout: str) -> None:
@@ -57,10 +55,14 @@ FOUND = [
     # within 8 s, before the hang timeout: both may go unnoticed.
     ("ps-jax", 4493372, 7, 60.0, 3.0, 40),
     ("jax", 2883519, 5, 60.0, 3.0, 40),
+    # n3 cut for good, the job went on on 2 nodes: after the result line it stayed RUNNING 66 s
+    # (more than END_WAIT), each worker's input iterator freed at its exit waiting for peers that
+    # had exited; the fit now lets go of its iterators when its epochs are done.
+    ("allreduce", 8170922, 7, 60.0, 3.0, 40),
 ]
 
 
-# One seed of FOUND per test run (about 2-3 minutes each; each fix also has its unit tests),
+# One seed of FOUND per test run (about 2-5 minutes each; each fix also has its unit tests),
 # in turn (tests/conftest.py).
 @pytest.mark.rotating(len(FOUND))
 @pytest.mark.parametrize("layout, seed, faults, span, min_gap, epochs", FOUND)
