@@ -24,6 +24,23 @@ def _static_batch_size(ds: Any) -> int | None:
     return dims.pop() if len(dims) == 1 and None not in dims else None
 
 
+def without_autotune_thread(ds: Any) -> Any:
+    """``ds`` with tf.data's autotuning off, unless its own options set it.
+
+    Contract: freeing an iterator of an autotuned dataset waits for its autotuning thread,
+    which sleeps between rounds up to a minute once the iterator has run for a few minutes: a
+    fit's iterator freed at the process's exit held an all-reduce job up to a minute after its
+    result line. ``AUTOTUNE`` parallelism then stays at its start value (the CPU count, at most
+    16); the cost is in docs/performance.md."""
+    import tensorflow as tf
+
+    if ds.options().autotune.enabled is not None:
+        return ds
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
+
+
 def _with_padding(ds: Any, endless: bool = False) -> Any:
     """``(batch, real_mask)`` batches of ``ds``, then endless one-example zero-weight padding
     (none when ``ds`` is ``endless``: it never ends)."""
@@ -240,9 +257,8 @@ class EpochInput:
 
     def close(self) -> None:
         """Let go of the iterators this input holds between epochs (the fit's stream, a repeated
-        input's iterator), at the fit's end while every worker still runs. Contract: an iterator
-        left to Python's collector is freed at the process's exit, where its destructor waits for
-        its peers' (up to a minute after a peer has exited: the job's end held that long)."""
+        input's iterator), at the fit's end: left to Python's collector (they sit in a reference
+        cycle), they are freed at a random later moment, at the latest at the process's exit."""
         self._stream.drop()
         self._persistent = None
 
@@ -260,6 +276,8 @@ class EpochInput:
             shard = (self.source.shard(ctx.input_pipeline_id, ctx.num_input_pipelines)
                      if kd_data.keeps_cache(self.source) and not self.source.batched and not self.own_step else None)
             ds = tf.data.Dataset.range(epoch, last + 1).flat_map(lambda e: one_epoch(ctx, e, shard).take(steps))
+            # flat_map drops the epochs' options (the user's dataset's): carried over.
+            ds = ds.with_options(one_epoch(ctx, tf.constant(epoch, tf.int64), shard).options())
             # Endless (never read: the fit ends first), so the distributed iterator knows its
             # input cannot end and no step all-reduces whether every worker has a batch (a
             # dataset of unknown size cost one collective per step, 15 % of an MLP's steps/s).
@@ -289,4 +307,4 @@ class EpochInput:
             return _with_padding(ds, endless=self.full_batch is not None)
 
         make = fit_long if last is not None else lambda ctx: one_epoch(ctx, epoch)
-        return iter(self.strategy.distribute_datasets_from_function(make))
+        return iter(self.strategy.distribute_datasets_from_function(lambda ctx: without_autotune_thread(make(ctx))))

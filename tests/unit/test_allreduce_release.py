@@ -1,11 +1,12 @@
-"""The all-reduce fit lets go of its input iterators when its epochs are done
-(trainers/allreduce_input.py `EpochInput.close`, trainers/base.py `Trainer._release`).
+"""All-reduce input iterators are freed without a wait (trainers/allreduce_input.py
+`without_autotune_thread`, `EpochInput.close`; trainers/base.py `Trainer._release`).
 
-An iterator left to Python's collector was freed at the process's exit, where its destructor
-waited for its peers: after the first worker had exited, the others stayed up to a minute
-(chaos seeds allreduce 8170922, 4493371 and 7981503: a job RUNNING 62-75 s after its result
-line). Here: the held iterators are gone after `close`, and `fit` calls `_release` on its
-training input once the epochs are done (not when they fail)."""
+An iterator left to Python's collector was freed at the process's exit, and freeing it waited
+for its tf.data autotuning thread, which sleeps up to a minute between rounds: a job stayed
+RUNNING up to 75 s after its result line (chaos seeds allreduce 8170922, 4493371, 7981503).
+Here: each worker's dataset runs without autotuning (unless its options set it), the held
+iterators are gone after `close`, and `fit` calls `_release` on its training input once the
+epochs are done (not when they fail)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class FakeStrategy:
 
     def distribute_datasets_from_function(self, make: Any) -> Any:
         strategy = self
+        self.make = make
 
         class Distributed:
             def __iter__(self) -> Iterator:
@@ -65,6 +67,30 @@ def test_close_lets_go_of_every_iterator_the_input_held(repeat: bool, workers: i
     inp.close()
     assert all(ref() is None for ref in strategy.made), "an iterator outlived close()"
     assert inp.iterator(2, 4 if not repeat else None) is not None  # a later epoch makes a fresh one
+
+
+class Context:
+    input_pipeline_id, num_input_pipelines = 1, 2
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "per-epoch"])
+@pytest.mark.parametrize("user", [None, True, False], ids=["unset", "user-on", "user-off"])
+def test_each_workers_dataset_runs_without_autotuning_unless_its_options_say(stream: bool, user: bool | None) -> None:
+    """Freeing an autotuned iterator waits for its autotuning thread (up to a minute)."""
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices((np.zeros((449, 2), "float32"), np.zeros(449)))
+    if user is not None:
+        options = tf.data.Options()
+        options.autotune.enabled = user
+        ds = ds.with_options(options)
+    strategy = FakeStrategy(2)
+    inp = EpochInput(strategy, kd_data.DatasetSource(ds), per_replica=10, shuffle=False, seed=None, repeat=False,
+                     pipelines=2)
+    inp.iterator(0, 3 if stream else None)
+    made = strategy.make(Context())
+    assert made.options().autotune.enabled is (False if user is None else user)
+    next(iter(made))  # still a working pipeline
 
 
 class Input:
