@@ -56,8 +56,8 @@ FOUND = [
     ("ps-jax", 4493372, 7, 60.0, 3.0, 40),
     ("jax", 2883519, 5, 60.0, 3.0, 40),
     # n3 cut for good, the job went on on 2 nodes: after the result line it stayed RUNNING 66 s
-    # (more than END_WAIT), each worker's input iterator freed at its exit waiting for peers that
-    # had exited; the fit now lets go of its iterators when its epochs are done.
+    # (more than END_WAIT): each worker's input iterator, freed at its exit, waited for its
+    # tf.data autotuning thread (asleep up to a minute); the input now runs without autotuning.
     ("allreduce", 8170922, 7, 60.0, 3.0, 40),
 ]
 
