@@ -226,7 +226,7 @@ def test_a_model_with_its_own_jax_train_step_trains_with_its_own_metrics_on_thre
     assert set(history) == {"loss", "accuracy", "grad_norm", "val_loss", "val_accuracy", "val_grad_norm"}, history
     assert len(history["grad_norm"]) == epochs and all(n > 0 for n in history["grad_norm"]), history
     assert history["val_grad_norm"] == [0.0] * epochs, history  # its own test_step leaves it alone
-    # Asynchronous updates make the last epoch noisy (CI saw 0.95 then 0.895): the best epoch counts.
+    # Asynchronous updates make any one epoch's accuracy noisy by points: the best epoch must reach 0.9.
     assert history["loss"][-1] < history["loss"][0] and max(history["val_accuracy"]) >= 0.9, history
     assert re.search(r"worker 2: \d+ steps", job.text()), job.text()[-3000:]  # three workers shared the epochs
 
