@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 import time
 from collections.abc import Iterable
 
@@ -26,13 +27,16 @@ def is_listening(address: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def wait_reachable(addresses: Iterable[str], timeout: float, poll: float = 0.2) -> list[str]:
-    """Poll until every address accepts a TCP connection; return those that never did."""
+def wait_reachable(addresses: Iterable[str], timeout: float, poll: float = 0.2,
+                   stop: threading.Event | None = None) -> list[str]:
+    """Poll until every address accepts a TCP connection; return those that never did.
+    ``stop``: set, the poll ends at its next round (its caller has ended)."""
+    stop = stop or threading.Event()
     pending = list(dict.fromkeys(addresses))
     deadline = time.monotonic() + timeout
-    while pending:
+    while pending and not stop.is_set():
         pending = [a for a in pending if not is_listening(a, timeout=min(1.0, timeout))]
         if not pending or time.monotonic() >= deadline:
             break
-        time.sleep(poll)
+        stop.wait(poll)
     return pending

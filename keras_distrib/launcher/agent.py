@@ -114,6 +114,7 @@ class Agent(MembershipPolicy):
         self.status = RunStatus(Generation(0, spec.plan))
         self.restarts = RestartCount()
         self.membership = Membership(spec.plan)
+        self._ended = threading.Event()  # set when run() returns: its threads stop polling
         self.hangs = HangGuard(  # the hang watchdog (watchdog.py); started by run()
             self.post, self.processes.watched, self.processes.progress_file, lambda: self.plan.processes,
             spec.log_dir or default_stacks_dir(spec.job.scheduler, spec.job.job_id), float(options.hang_timeout),
@@ -245,6 +246,7 @@ class Agent(MembershipPolicy):
             while self.status.state is not State.STOPPED:
                 self.handle(self.events.get())
         finally:
+            self._ended.set()
             self.hangs.stop()
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -308,7 +310,7 @@ class Agent(MembershipPolicy):
     def _watch_startup(self) -> None:
         """Agent 0: report the TF servers that do not listen within the start-up timeout."""
         servers = self.plan.listeners()
-        missing = wait_reachable([p.address for p in servers], self.spec.options.startup_timeout)
+        missing = wait_reachable([p.address for p in servers], self.spec.options.startup_timeout, stop=self._ended)
         self.post(StartupChecked(tuple(p for p in servers if p.address in missing)))
 
     def handle(self, event: Event) -> None:
