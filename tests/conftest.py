@@ -124,10 +124,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    from xdist.scheduler import LoadScopeScheduling
+    from xdist_units import recovering_scheduler
 
-    class ByFileAndCluster(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
-
-    return ByFileAndCluster(config, log)
+    return recovering_scheduler(work_unit)(config, log)
