@@ -7,7 +7,8 @@ Local mode, ``--nodes 2 --layout ps-per-node``: 2 ps, 2 workers and the chief. P
 (bench/_train_jobs.py), each round launches every side afresh, in a rotated order:
 A = the job SCRIPT under ``KERAS_BACKEND=jax`` (`keras_distrib.fit`, the JAX ps trainer),
 B = the same SCRIPT and command under ``KERAS_BACKEND=tensorflow`` (the TensorFlow ps trainer),
-C = one JAX process, plain Keras ``model.fit`` (compiled as is: steps_per_execution=1),
+C = one JAX process, plain Keras ``model.fit`` (compiled as is: steps_per_execution=1), with the
+    XLA flag the launcher gives its JAX processes (`keras_distrib.contract.XLA_CPU_FLAG`),
 D = the same in one TensorFlow process.
 Every side trains ``--epochs`` exact epochs of the same synthetic arrays (`EXAMPLES` rows,
 ``--batch`` examples per optimizer update); steps/s = the median over epochs 2.. of the chief's
@@ -41,6 +42,8 @@ sys.path.insert(0, str(HERE))
 
 from _harness import Comparison, child_env, parser, print_table, save  # noqa: E402
 from _jobs import free_port_base  # noqa: E402
+
+from keras_distrib.contract import XLA_CPU_FLAG  # noqa: E402
 
 #: Training rows per model, at batch 64 on 2 cores: the MLP 600 steps an epoch (about 1.6 s on
 #: the JAX ps, 3.7 s on the TF ps); the CNN 150 (1.7 s on the TF ps, 2 s in one JAX process; the
@@ -131,6 +134,8 @@ def command(workdir: Path, side: str) -> tuple[list[str], dict[str, str]]:
         script.write_text(SCRIPT)
     env = child_env(KERAS_BACKEND="tensorflow" if side in ("tf_ps", "single_tf") else "jax", JAX_PLATFORMS="cpu",
                     CUDA_VISIBLE_DEVICES="", BENCH_DIR=str(HERE), BENCH_PREFIX=RESULT_PREFIX)
+    if side == "single":  # the kernels the launcher's JAX processes run (the ps side gets it from the launcher)
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {XLA_CPU_FLAG}".strip()
     if side.startswith("single"):
         return [sys.executable, str(script)], env
     return [sys.executable, "-m", "keras_distrib.local", "--nodes", "2", "--layout", "ps-per-node",

@@ -160,6 +160,11 @@ class Plan:
         JAX its workers run SCRIPT only to serve the chief's fits; they are stopped with the job)."""
         return proc.job == CHIEF and not self.every_process_runs_script
 
+    def runs_keras_on_jax(self, proc: Process) -> bool:
+        """Whether ``proc`` runs Keras on JAX: every process of a jax layout, the chief and the
+        workers of a ps layout whose backend is jax (its ps tasks are TensorFlow servers)."""
+        return self.is_jax or (self.backend == "jax" and self.runs_script(proc))
+
     def runs_script(self, proc: Process) -> bool:
         """Whether ``proc`` (one of this plan's) runs the user's script: O(1), not a scan."""
         return proc.job == CHIEF or self.every_process_runs_script or (self.backend == "jax" and proc.job == WORKER)

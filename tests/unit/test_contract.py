@@ -320,3 +320,54 @@ def test_no_other_module_spells_a_contract_variable() -> None:
             if pattern.fullmatch(text):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {text[:60]!r}")
     assert not found, "\n".join(found)
+
+
+# -- XLA's CPU flag for the processes that run Keras on JAX -------------------------------------------
+
+
+def _xla_flags(layout: str, backend: str, base: dict[str, str], jaxlib: str, monkeypatch: pytest.MonkeyPatch,
+               tmp_path: Path, nodes: int = 3) -> dict[str, str | None]:
+    monkeypatch.setattr(contract, "installed_jaxlib", lambda: jaxlib)
+    names = tuple(f"node{i}" for i in range(nodes))
+    plan = build_plan(JobInfo("slurm", "7", names, (1,) * nodes), layout, backend=backend)
+    return {proc.name: contract.child_env(base, plan, proc, tmp_path / "plan.json", startup_timeout=5.0).get("XLA_FLAGS")
+            for proc in plan.processes}
+
+
+@pytest.mark.parametrize("nodes", [2, 3])
+@pytest.mark.parametrize("layout", ["ps-per-node", "worker-per-gpu"])
+def test_a_ps_layout_on_jax_gives_the_flag_to_its_chief_and_workers_not_its_ps(
+        layout: str, nodes: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    flags = _xla_flags(layout, "jax", {"PATH": "/bin"}, "0.10.2", monkeypatch, tmp_path, nodes)
+    assert {name for name, value in flags.items() if value == contract.XLA_CPU_FLAG} == \
+        {name for name in flags if not name.startswith("ps:")}
+    assert all(flags[name] is None for name in flags if name.startswith("ps:"))
+    assert sum(name.startswith("worker:") for name in flags) == nodes
+
+
+@pytest.mark.parametrize("layout", ["jax", "jax-per-gpu"])
+def test_every_process_of_a_jax_layout_gets_the_flag(layout: str, monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    assert set(_xla_flags(layout, "tensorflow", {}, "0.10.7", monkeypatch, tmp_path).values()) == {contract.XLA_CPU_FLAG}
+
+
+@pytest.mark.parametrize("layout", ["ps-per-node", "allreduce", "tuner"])
+def test_tensorflow_processes_get_no_xla_flags(layout: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert set(_xla_flags(layout, "tensorflow", {}, "0.10.2", monkeypatch, tmp_path).values()) == {None}
+
+
+@pytest.mark.parametrize("jaxlib", ["0.11.0", "0.9.2", ""])
+def test_a_jaxlib_that_may_not_know_the_flag_gets_none(jaxlib: str, monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    base = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    assert set(_xla_flags("jax", "tensorflow", base, jaxlib, monkeypatch, tmp_path).values()) == \
+        {"--xla_cpu_enable_fast_math=false"}
+
+
+def test_the_users_xla_flags_are_kept_and_their_own_choice_wins(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    added = _xla_flags("jax", "tensorflow", {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}, "0.10.2",
+                       monkeypatch, tmp_path)
+    assert set(added.values()) == {f"--xla_cpu_enable_fast_math=false {contract.XLA_CPU_FLAG}"}
+    own = "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
+    assert set(_xla_flags("ps-per-node", "jax", {"XLA_FLAGS": own}, "0.10.2", monkeypatch, tmp_path).values()) == {own}

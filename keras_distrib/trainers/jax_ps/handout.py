@@ -40,6 +40,10 @@ HEADER = ("run", "kind", "worker", "pid", "epoch", "first", "examples")
 POLL = 0.002
 #: The longest pause between a waiting worker's looks (the chief validating, saving).
 IDLE_POLL = 0.05
+#: The longest pause between the chief's looks at the reports while none come. Each look is an
+#: op on the first ps task: a look every POLL kept the chief and that task busy, a third of a
+#: core each, beside workers that compute for a part's whole length (docs/performance.md).
+REPORT_POLL = 0.02
 QUEUE_CAPACITY = 1 << 20
 #: Parts in each worker's queue: the next one is always there, and a restart loses at most these.
 DEPTH = 2
@@ -158,15 +162,17 @@ class Queues:
             time.sleep(POLL)
 
     def next_reports(self, timeout: float) -> list[Report]:
-        """The reports waiting (none after ``timeout`` seconds)."""
-        deadline = time.monotonic() + timeout
+        """The reports waiting (none after ``timeout`` seconds); looks less often while none come
+        (`REPORT_POLL`: a worker holds `DEPTH` parts, so a late look does not leave it idle)."""
+        deadline, pause = time.monotonic() + timeout, POLL
         while True:
             waiting = self.reports.size()
             if waiting:
                 return [_report(v) for v in self.reports.take(waiting)]
             if time.monotonic() > deadline:
                 return []
-            time.sleep(POLL)
+            time.sleep(pause)
+            pause = min(2 * pause, REPORT_POLL)
 
     # -- a worker -----------------------------------------------------------------
 
