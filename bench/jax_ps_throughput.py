@@ -45,9 +45,9 @@ from _jobs import free_port_base  # noqa: E402
 
 from keras_distrib.contract import XLA_CPU_FLAG  # noqa: E402
 
-#: Training rows per model, at batch 64 on 2 cores: the MLP 600 steps an epoch (about 1.6 s on
-#: the JAX ps, 3.7 s on the TF ps); the CNN 150 (1.7 s on the TF ps, 2 s in one JAX process; the
-#: JAX ps then takes 15-35 s an epoch, so more rows would not fit a run in 20 minutes).
+#: Training rows per model, at batch 64 on 2 cores: the MLP 600 steps an epoch (about 3 s on
+#: either ps trainer); the CNN 150 (about 2.5-3 s on either, 2 s in one process), so a run of
+#: both models, 3 rounds and the accuracy seeds takes about 14 minutes.
 EXAMPLES = {"mlp": 38_400, "cnn": 9_600}
 DEFAULT_EXAMPLES = 9_600
 ACCURACY_EPOCHS = 15
