@@ -45,8 +45,8 @@ from _jobs import free_port_base  # noqa: E402
 
 from keras_distrib.contract import XLA_CPU_FLAG  # noqa: E402
 
-#: Training rows per model, at batch 64 on 2 cores: the MLP 600 steps an epoch (about 3 s on
-#: either ps trainer); the CNN 150 (about 2.5-3 s on either, 2 s in one process), so a run of
+#: Training rows per model, at batch 64 on 2 cores: the MLP 600 steps an epoch (3.1-3.5 s on
+#: either ps trainer); the CNN 150 (2.6-3.2 s on the ps trainers, 2 s in one process), so a run of
 #: both models, 3 rounds and the accuracy seeds takes about 14 minutes.
 EXAMPLES = {"mlp": 38_400, "cnn": 9_600}
 DEFAULT_EXAMPLES = 9_600
