@@ -215,7 +215,10 @@ class Watch:
             # one (stopped before blocked, the longest first) is the cause.
             frozen.sort(key=lambda f: (f[0], -f[1]))
             _, seconds, key = frozen[0]
-            culprit = Verdict(key, seconds, self.tracks[key].state or "", True)
+            track = self.tracks[key]
+            # Its counter may have stopped before /proc showed it stopped: the longer clock.
+            seconds = max(seconds, now - track.changed_at) if track.counted else seconds
+            culprit = Verdict(key, seconds, track.state or "", True)
         else:
             silent.sort(key=lambda s: -s[0])
             seconds, key = silent[0]

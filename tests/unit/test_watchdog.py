@@ -111,6 +111,19 @@ def test_the_frozen_process_is_named_not_the_chief_it_silenced() -> None:
     assert verdict.key == "worker:1" and verdict.stopped and "chief:0" in verdict.others
 
 
+@pytest.mark.parametrize("stop_after", [2, 6, 10])
+def test_a_stopped_script_is_named_with_its_whole_silence(stop_after: float) -> None:
+    # worker:1 counted last at 300 s and was seen stopped stop_after s later: its silence (the
+    # counter) is due before its stop is, and the line gives the silence, not the stop's age.
+    def sample(t: float) -> dict[str, Sample]:
+        return {"chief:0": Sample("S", int(t / 2) + 1, True),
+                "worker:1": Sample("T" if t >= 300 + stop_after else "S", int(min(t, 300) / 2) + 1, True)}
+
+    (when, verdict), = run(Watch(H, 2), every(2, 1000, sample))
+    assert verdict.key == "worker:1" and verdict.stopped
+    assert when == 300 + H and verdict.seconds == H
+
+
 def test_the_scripts_a_frozen_process_silenced_get_a_new_clock_when_it_is_named() -> None:
     # worker:1 stopped at 300 s; the chief counted last at 310 s (a closure on worker:0), and
     # waits for worker:1's restart: it counts again 30 s after worker:1 was named and
