@@ -16,6 +16,7 @@ is removed when the agent ends.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -256,8 +257,10 @@ def xla_variables(plan: Plan, proc: Process, env: Mapping[str, str]) -> dict[str
     return {XLA_FLAGS_VAR: f"{flags} {XLA_CPU_FLAG}".strip()}
 
 
+@functools.cache
 def installed_jaxlib() -> str:
-    """The version of jaxlib the children will import (this interpreter's), or ``""``."""
+    """The version of jaxlib the children will import (this interpreter's), or ``""``; read
+    once per agent, not once per child."""
     from importlib import metadata
 
     try:
