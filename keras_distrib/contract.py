@@ -113,7 +113,8 @@ VARIABLES: dict[str, str] = {
                   "for the trial workers; a restarted worker keeps its id, so the oracle gives it its trial again.",
     ORACLE_IP_VAR: "layout tuner: the oracle's host (the first node, as the plan reaches it).",
     ORACLE_PORT_VAR: "layout tuner: the oracle's port, the chief's plan port.",
-    XLA_FLAGS_VAR: "processes that run Keras on JAX (jax layouts; the chief and workers of a ps layout on JAX), "
+    XLA_FLAGS_VAR: "processes that run Keras on JAX (jax layouts; the chief and workers of a ps layout on JAX; "
+                   "every process of layout tuner under `KERAS_BACKEND=jax`), "
                    "with jaxlib 0.10: the user's flags plus `--xla_cpu_experimental_ynn_fusion_type=`, unless they "
                    "set that flag. XLA's CPU backend then runs convolutions with its own kernels instead of "
                    "YNNPACK's: 1.4-1.7x a small CNN's steps/s on x86, dense layers the same (docs/performance.md). "
@@ -251,7 +252,9 @@ def xla_variables(plan: Plan, proc: Process, env: Mapping[str, str]) -> dict[str
     ``VARIABLES``); empty for the others, for a user's XLA_FLAGS that sets it, and for a jaxlib
     that may not know it."""
     flags = env.get(XLA_FLAGS_VAR, "")
-    if not plan.runs_keras_on_jax(proc) or XLA_CPU_FLAG.rstrip("=") in flags \
+    # A tuner's trials run plain Keras on the backend the user chose (plan.backend covers the ps layouts).
+    on_jax = plan.runs_keras_on_jax(proc) or (plan.layout == TUNER_LAYOUT and env.get(KERAS_BACKEND_VAR) == "jax")
+    if not on_jax or XLA_CPU_FLAG.rstrip("=") in flags \
             or not installed_jaxlib().startswith(XLA_CPU_FLAG_JAXLIB):
         return {}
     return {XLA_FLAGS_VAR: f"{flags} {XLA_CPU_FLAG}".strip()}

@@ -356,6 +356,15 @@ def test_tensorflow_processes_get_no_xla_flags(layout: str, monkeypatch: pytest.
     assert set(_xla_flags(layout, "tensorflow", {}, "0.10.2", monkeypatch, tmp_path).values()) == {None}
 
 
+@pytest.mark.parametrize("backend, expected", [("jax", {contract.XLA_CPU_FLAG}), ("torch", {None}),
+                                               ("tensorflow", {None})])
+def test_a_tuner_gives_the_flag_to_its_trials_only_on_jax(backend: str, expected: set[str | None],
+                                                          monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    flags = _xla_flags("tuner", "tensorflow", {"KERAS_BACKEND": backend}, "0.10.2", monkeypatch, tmp_path)
+    assert sorted(flags) == ["chief:0", "tuner:0", "tuner:1", "tuner:2"]  # the oracle, a trial worker per node
+    assert set(flags.values()) == expected
+
+
 @pytest.mark.parametrize("jaxlib", ["0.11.0", "0.9.2", ""])
 def test_a_jaxlib_that_may_not_know_the_flag_gets_none(jaxlib: str, monkeypatch: pytest.MonkeyPatch,
                                                         tmp_path: Path) -> None:
