@@ -7,9 +7,8 @@ flat buffer there: a resource with a shared name (``keras_distrib/m<model>/ps<ta
 which every client that asks for that name on that task gets, so the chief creates them and the
 workers find them. Updates are ``AssignAddVariableOp`` on a whole buffer (atomic on the ps); one
 `push_pull` is one tf.function call, so one round trip per ps task carries a worker's deltas and
-brings back the values. One buffer per task, not one resource per variable: a push-and-read of
-a small CNN's 24 variables (weights, Adam's moments) took 40 ms as 24 resources, 7 ms as one
-(docs/performance.md).
+brings back the values. One buffer per task, not one resource per variable: each resource
+costs the push-and-read its own transfer (the figures: docs/performance.md).
 """
 
 from __future__ import annotations
